@@ -1,0 +1,478 @@
+"""Typed config schema, registered in Hydra's ConfigStore, and static validation.
+
+Every config group has one dataclass here. The composed config is merged into the
+`PPOConfig` schema, so an unknown key or a wrong type fails before anything heavy is
+imported. `validate_static` adds the checks a type cannot express (ranges, batch
+arithmetic, device counts); `ConfigError` carries one line naming the key.
+
+Units follow the key table of DESIGN.md: batch sizes count prompts, `sampler.n` multiplies
+them into sequences, lengths count tokens.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Optional, get_origin, get_type_hints
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+
+
+class ConfigError(ValueError):
+    """A config problem the user must fix; the message is one line naming the key."""
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0  # 0 = full fine-tuning
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_steps: int = 0  # optimizer steps of linear warm-up
+    schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+
+
+@dataclass
+class ModelConfig:
+    """The actor (policy); the reference policy and, by default, the critic start from it."""
+
+    path: str = EMBEDDED_MODEL
+    dtype: str = "bfloat16"  # compute dtype; master weights stay float32
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    cpu_offload: bool = False  # FSDP2 parameter and optimizer offload to host memory
+    logprob_chunk_tokens: int = 1024  # tokens per chunk when computing logprobs from logits
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class CriticConfig:
+    """The value model: a full-parameter backbone plus a Linear(hidden, 1) head."""
+
+    path: Optional[str] = None  # None: the actor's model.path
+    dtype: str = "bfloat16"
+    gradient_checkpointing: bool = False
+    cpu_offload: bool = False
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    grad_clip: float = 1.0
+    value_clip: Optional[float] = 0.5  # None disables value clipping
+
+
+@dataclass
+class VllmConfig:
+    """Engine settings, used only by sampler=vllm."""
+
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: Optional[int] = None  # None: max_prompt_length + max_new_tokens
+    enforce_eager: bool = False
+    cpu_kv_cache_gb: float = 1.0  # KV-cache size of the CPU build
+
+
+@dataclass
+class SamplerConfig:
+    name: str = "hf"  # hf | vllm
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    generate_batch_size: int = 64  # sequences per HF generate call (bounds memory); hf only
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+
+
+@dataclass
+class GaeConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    kl_coef: float = 0.001  # KL penalty in the reward; 0 disables it
+    kl_penalty: str = "k1"  # k1 | abs | k2 | k3
+    kl_ctrl: str = "fixed"  # fixed | adaptive
+    kl_target: float = 6.0  # adaptive controller: target KL per sequence
+    kl_horizon: int = 10000  # adaptive controller: horizon in sequences
+    normalize_advantages: bool = True
+
+
+@dataclass
+class AlgorithmConfig:
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 8  # prompts per mini-batch (x sampler.n sequences)
+    ppo_micro_batch_tokens: int = 4096  # token budget of one forward/backward per device
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip: Optional[float] = None  # c > 1 bounds the loss of negative advantages
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    entropy_coef: float = 0.0
+    critic_warmup: int = 0  # PPO steps that update only the critic
+    use_kl_loss: bool = False  # KL to the reference as a loss term instead of in the reward
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "k3"
+    recompute_old_logprobs: bool = True  # False: use the sampler's logprobs as old logprobs
+    shuffle_mini_batches: bool = True
+
+
+@dataclass
+class DeviceRoleConfig:
+    num_devices: int = 1
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None  # None: start a local Ray bound to 127.0.0.1
+    num_cpus: Optional[int] = None  # logical CPUs to declare when starting Ray
+    dashboard: bool = False
+
+
+@dataclass
+class DevicesConfig:
+    backend: str = "local"  # local | ray
+    accelerator: str = "cpu"  # cpu | cuda | npu | auto
+    colocate: bool = False  # all roles share the actor's devices
+    devices_per_node: int = 8
+    actor: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)
+    critic: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)
+    rollout: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
+class ArithmeticConfig:
+    """The built-in generator of easy GSM8K-format word problems."""
+
+    train_size: int = 20000
+    val_size: int = 256
+    max_operand: int = 20
+    two_step_fraction: float = 0.3
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    source: str = "arithmetic"  # arithmetic | files | a hub dataset name (openai/gsm8k)
+    hub_config: Optional[str] = None  # e.g. "main" for openai/gsm8k
+    train_split: str = "train"
+    val_split: str = "test"
+    train_files: list[str] = field(default_factory=list)  # jsonl or parquet (source=files)
+    val_files: list[str] = field(default_factory=list)
+    prompt_key: str = "question"
+    answer_key: str = "answer"
+    train_batch_size: int = 8  # prompts per PPO step
+    max_prompt_length: int = 256  # tokens; longer prompts are filtered out with a count
+    bad_rows: str = "error"  # error | skip (with a count)
+    shuffle: bool = True
+    instruction: str = "Let's think step by step and output the final answer after \"####\"."
+    prompt_template: str = "{question} {instruction}"  # user message, then the chat template
+    use_chat_template: bool = True
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "ppo_trainer.rewards.math:score"  # module:function
+    mode: str = "strict"  # strict ("#### N") | flexible (last number)
+    format_score: float = 0.0  # score for a well-formed but wrong answer
+    correct_score: float = 1.0
+    on_error: str = "raise"  # raise | zero (score 0 and count it)
+
+
+@dataclass
+class EvalConfig:
+    limit: Optional[int] = None  # evaluate the first N rows only
+    max_new_tokens: int = 256
+    batch_size: int = 64
+    output_file: Optional[str] = None  # default: <output_dir>/eval.jsonl
+
+
+@dataclass
+class TrainerConfig:
+    experiment_name: str = "default"
+    output_dir: str = "outputs/${trainer.experiment_name}"  # fixed, so rerunning resumes
+    total_steps: int = 100
+    seed: int = 0
+    dry_run: bool = False
+    val_every: int = 10  # steps; 0 validates only before the first and after the last step
+    save_every: int = 10  # steps; 0 saves only at the end
+    keep_last: int = 2  # checkpoints kept; older ones are removed
+    resume: str = "auto"  # auto | never | a checkpoint path
+    stop_after_steps: Optional[int] = None  # end this invocation early (total_steps unchanged)
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    log_samples: int = 4  # samples per step written to samples.jsonl
+    max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
+    objective: str = "val/accuracy"  # metric returned to Hydra sweepers
+
+
+@dataclass
+class PPOConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    gae: GaeConfig = field(default_factory=GaeConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+GROUP_SCHEMAS: dict[str, type] = get_type_hints(PPOConfig)
+
+
+def register_configs() -> None:
+    """Register the primary schema and one schema per group in Hydra's ConfigStore.
+
+    The primary config `ppo.yaml` lists `ppo_schema` first in its defaults, so every group
+    option is merged into its typed node; group schemas live under `schema/<group>`.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="ppo_schema", node=PPOConfig)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name="base", node=schema)
+
+
+# ---------------------------------------------------------------------------------------
+# Key lookup
+# ---------------------------------------------------------------------------------------
+
+
+def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
+    """Every dotted key of a schema, mapped to its field type (nested dataclasses expanded)."""
+    keys: dict[str, Any] = {}
+    hints = get_type_hints(schema)
+    for f in fields(schema):
+        key = f"{prefix}{f.name}"
+        keys[key] = hints[f.name]
+        if is_dataclass(hints[f.name]):
+            keys.update(schema_keys(hints[f.name], prefix=f"{key}."))
+    return keys
+
+
+_KEYS = schema_keys()
+
+
+def unknown_key_error(key: str) -> ConfigError:
+    """One line for a key the schema does not have, with the nearest valid key."""
+    if key.startswith("critic.lora"):
+        return ConfigError(
+            f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
+            "full-parameter. Remove the key (LoRA for the actor is model.lora.rank)."
+        )
+    parent, _, leaf = key.rpartition(".")
+    siblings = sorted(k.rpartition(".")[2] for k in _KEYS if k.rpartition(".")[0] == parent)
+    if not siblings:
+        top = sorted(k for k in _KEYS if "." not in k)
+        return ConfigError(f"unknown config key '{key}': top-level groups are {', '.join(top)}")
+    close = difflib.get_close_matches(leaf, siblings, n=1)
+    hint = f" (did you mean '{parent + '.' if parent else ''}{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}; valid keys under '{parent}': {', '.join(siblings)}")
+
+
+def check_key(key: str) -> None:
+    """Raise ConfigError unless `key` (dotted) names a schema field or lies inside a list/dict field."""
+    if key in _KEYS:
+        return
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        if head in _KEYS and get_origin(_KEYS[head]) in (list, dict):
+            return  # an element of a list-typed field, e.g. data.train_files.0
+    raise unknown_key_error(key)
+
+
+def check_value(key: str, value: Any) -> None:
+    """Raise ConfigError if `value` cannot be assigned to the schema field `key` (type check only)."""
+    if not OmegaConf.is_config(value) and isinstance(value, (dict, list)):
+        value = OmegaConf.create(value)
+    probe = OmegaConf.structured(PPOConfig)
+    try:
+        OmegaConf.update(probe, key, value, merge=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
+    except (IndexError, KeyError):
+        return  # list elements by index are checked when the composed config is validated
+
+
+def find_unknown_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Dotted keys present in `cfg` but absent from the schema (e.g. added with `+group.key`)."""
+    unknown = []
+    for key in cfg.keys():
+        full = f"{prefix}{key}"
+        if full not in _KEYS:
+            unknown.append(full)
+            continue
+        value = cfg._get_node(key)
+        if isinstance(value, DictConfig) and is_dataclass(_KEYS[full]):
+            unknown.extend(find_unknown_keys(value, prefix=f"{full}."))
+    return unknown
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+
+def to_schema(cfg: DictConfig) -> DictConfig:
+    """Merge a composed config into the typed schema: unknown keys and wrong types raise ConfigError.
+
+    Hydra strips the `hydra` node before handing the config over; any non-schema top-level key
+    here (from `+something=...`) is an error.
+    """
+    cfg = cfg.copy()
+    unknown = find_unknown_keys(cfg)
+    if unknown:
+        raise unknown_key_error(unknown[0])
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
+        OmegaConf.resolve(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"invalid value for '{key}': {msg}") from None
+    return merged
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"'{key}' {message}")
+
+
+def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    _require(value in allowed, key, f"is {value!r}; allowed values: {', '.join(allowed)}")
+
+
+def validate_static(cfg: DictConfig) -> DictConfig:
+    """Schema, ranges and batch arithmetic; no imports beyond omegaconf, no file or device access.
+
+    Returns the typed, resolved config. Raises ConfigError with one line naming the key.
+    """
+    cfg = to_schema(cfg)
+    m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
+
+    _one_of(cfg, "model.dtype", ("float32", "bfloat16", "float16"))
+    _one_of(cfg, "critic.dtype", ("float32", "bfloat16", "float16"))
+    _one_of(cfg, "model.attn_implementation", ("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
+    _one_of(cfg, "model.optim.schedule", ("constant", "cosine"))
+    _one_of(cfg, "critic.schedule", ("constant", "cosine"))
+    _one_of(cfg, "sampler.name", ("hf", "vllm"))
+    _one_of(cfg, "gae.kl_penalty", ("k1", "abs", "k2", "k3"))
+    _one_of(cfg, "gae.kl_ctrl", ("fixed", "adaptive"))
+    _one_of(cfg, "algorithm.loss_agg_mode", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+    _one_of(cfg, "algorithm.kl_loss_type", ("k1", "abs", "k2", "k3"))
+    _one_of(cfg, "devices.backend", ("local", "ray"))
+    _one_of(cfg, "devices.accelerator", ("cpu", "cuda", "npu", "auto"))
+    _one_of(cfg, "data.bad_rows", ("error", "skip"))
+    _one_of(cfg, "reward.mode", ("strict", "flexible"))
+    _one_of(cfg, "reward.on_error", ("raise", "zero"))
+    for logger in t.loggers:
+        _require(logger in ("console", "jsonl", "tensorboard", "wandb", "mlflow"), "trainer.loggers",
+                 f"has {logger!r}; allowed values: console, jsonl, tensorboard, wandb, mlflow")
+
+    _require(m.optim.lr > 0, "model.optim.lr", f"must be > 0, got {m.optim.lr}")
+    _require(c.lr > 0, "critic.lr", f"must be > 0, got {c.lr}")
+    _require(m.optim.warmup_steps >= 0, "model.optim.warmup_steps", "must be >= 0")
+    _require(c.warmup_steps >= 0, "critic.warmup_steps", "must be >= 0")
+    _require(0 <= m.optim.min_lr_ratio <= 1, "model.optim.min_lr_ratio", "must be in [0, 1]")
+    _require(len(m.optim.betas) == 2 and all(0 <= b < 1 for b in m.optim.betas), "model.optim.betas",
+             "must be two numbers in [0, 1)")
+    _require(m.lora.rank >= 0, "model.lora.rank", "must be >= 0 (0 = full fine-tuning)")
+    if m.lora.rank > 0:
+        _require(m.lora.alpha > 0, "model.lora.alpha", "must be > 0")
+        _require(0 <= m.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
+        _require(len(m.lora.target_modules) > 0, "model.lora.target_modules", "must name at least one module")
+    _require(m.logprob_chunk_tokens >= 1, "model.logprob_chunk_tokens", "must be >= 1")
+    _require(c.value_clip is None or c.value_clip > 0, "critic.value_clip", "must be > 0, or null to disable")
+
+    _require(s.n >= 1, "sampler.n", f"must be >= 1, got {s.n}")
+    _require(s.temperature > 0, "sampler.temperature", "must be > 0 (training samples; greedy is for eval)")
+    _require(0 < s.top_p <= 1, "sampler.top_p", "must be in (0, 1]")
+    _require(s.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
+    _require(s.max_new_tokens >= 1, "sampler.max_new_tokens", "must be >= 1")
+    _require(s.vllm.tensor_parallel_size >= 1, "sampler.vllm.tensor_parallel_size", "must be >= 1")
+    _require(0 < s.vllm.gpu_memory_utilization <= 1, "sampler.vllm.gpu_memory_utilization", "must be in (0, 1]")
+    _require(s.vllm.cpu_kv_cache_gb > 0, "sampler.vllm.cpu_kv_cache_gb", "must be > 0")
+    if s.vllm.max_model_len is not None:
+        _require(s.vllm.max_model_len >= d.max_prompt_length + s.max_new_tokens, "sampler.vllm.max_model_len",
+                 f"must be >= data.max_prompt_length + sampler.max_new_tokens = "
+                 f"{d.max_prompt_length + s.max_new_tokens}")
+
+    _require(0 <= g.gamma <= 1, "gae.gamma", f"must be in [0, 1], got {g.gamma}")
+    _require(0 <= g.lam <= 1, "gae.lam", f"must be in [0, 1], got {g.lam}")
+    _require(g.kl_coef >= 0, "gae.kl_coef", "must be >= 0")
+    _require(g.kl_target > 0, "gae.kl_target", "must be > 0")
+    _require(g.kl_horizon > 0, "gae.kl_horizon", "must be > 0")
+
+    _require(a.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = a[key]
+        _require(0 < value < 1, f"algorithm.{key}", f"must be in (0, 1), got {value}")
+    _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
+    _require(a.entropy_coef >= 0, "algorithm.entropy_coef", "must be >= 0")
+    _require(a.critic_warmup >= 0, "algorithm.critic_warmup", "must be >= 0")
+    _require(a.kl_loss_coef >= 0, "algorithm.kl_loss_coef", "must be >= 0")
+    _require(a.ppo_micro_batch_tokens >= d.max_prompt_length + s.max_new_tokens, "algorithm.ppo_micro_batch_tokens",
+             f"({a.ppo_micro_batch_tokens}) must hold one full sequence: >= data.max_prompt_length + "
+             f"sampler.max_new_tokens = {d.max_prompt_length + s.max_new_tokens}")
+
+    _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
+    _require(a.ppo_mini_batch_size >= 1, "algorithm.ppo_mini_batch_size", "must be >= 1")
+    _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
+             f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
+    _require(d.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
+    _require(not d.train_files or d.source == "files", "data.train_files",
+             f"is set but data.source={d.source!r} would ignore it; add data.source=files")
+    if d.source == "files":
+        _require(len(d.train_files) > 0, "data.train_files", "is empty; data.source=files needs jsonl or parquet paths")
+    _require(d.arithmetic.val_size >= 1, "data.arithmetic.val_size", "must be >= 1")
+    _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
+    _require(0 <= d.arithmetic.two_step_fraction <= 1, "data.arithmetic.two_step_fraction", "must be in [0, 1]")
+    _require(":" in cfg.reward.fn, "reward.fn", f"is {cfg.reward.fn!r}; expected 'module:function'")
+
+    for role in ("actor", "critic", "rollout"):
+        _require(dev[role].num_devices >= 1, f"devices.{role}.num_devices", "must be >= 1")
+    _require(dev.devices_per_node >= 1, "devices.devices_per_node", "must be >= 1")
+    if dev.backend == "local":
+        for role in ("actor", "critic", "rollout"):
+            _require(dev[role].num_devices == 1, f"devices.{role}.num_devices",
+                     f"is {dev[role].num_devices}, but devices.backend=local runs one process on one device; "
+                     "use devices.backend=ray for more")
+    sequences_per_mini = a.ppo_mini_batch_size * s.n
+    for role in ("actor", "critic"):
+        replicas = dev[role].num_devices
+        _require(sequences_per_mini >= replicas, f"devices.{role}.num_devices",
+                 f"({replicas}) exceeds the sequences per mini-batch ({sequences_per_mini} = "
+                 "algorithm.ppo_mini_batch_size x sampler.n): every replica needs at least one")
+    _require(dev.rollout.num_devices % s.vllm.tensor_parallel_size == 0, "sampler.vllm.tensor_parallel_size",
+             f"({s.vllm.tensor_parallel_size}) must divide devices.rollout.num_devices ({dev.rollout.num_devices})")
+
+    _require(t.total_steps >= 1, "trainer.total_steps", "must be >= 1")
+    _require(t.val_every >= 0, "trainer.val_every", "must be >= 0")
+    _require(t.save_every >= 0, "trainer.save_every", "must be >= 0")
+    _require(t.keep_last >= 1, "trainer.keep_last", "must be >= 1")
+    _require(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", "must be >= 1")
+    _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
+    _require(t.log_samples >= 0, "trainer.log_samples", "must be >= 0")
+    return cfg

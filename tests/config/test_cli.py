@@ -1,0 +1,47 @@
+"""`ppo-train` as a user runs it: exit codes, dry-run plan, multirun (one subprocess per case)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def ppo_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    code = "import sys; from ppo_trainer.cli import train_main; train_main(sys.argv[1:])"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_dry_run_prints_the_plan_with_overrides_and_exits_0(tmp_path):
+    result = ppo_train("+experiment=gsm8k", "trainer.dry_run=true", "gae.lam=0.9", "sampler.n=4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "lam=0.9" in out and "n=4" in out
+    assert "sequences per step: 1024" in out  # 256 prompts x 4 samples
+    assert "optimizer steps per ppo step: 4" in out  # 256 / 64 mini-batches, 1 epoch
+    assert not (tmp_path / "outputs").exists(), "a dry run must leave nothing behind"
+
+
+@pytest.mark.parametrize("override", ["gae.gama=0.9", "+gae.gama=0.9"])
+def test_unknown_key_exits_2_naming_the_key(tmp_path, override):
+    result = ppo_train("+experiment=gsm8k", "trainer.dry_run=true", override, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "gae.gama" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_override_exits_2(tmp_path):
+    result = ppo_train("trainer.dry_run=true", "gae.lam=[1", cwd=tmp_path)
+    assert result.returncode == 2
+
+
+def test_multirun_makes_one_run_directory_per_value(tmp_path):
+    result = ppo_train("--multirun", "+experiment=gsm8k", "trainer.dry_run=true", "gae.lam=0.9,0.95",
+                       "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("# plan") == 2
+    assert "lam: 0.9\n" in result.stdout and "lam: 0.95\n" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
+    assert "lam=0.95" in (tmp_path / "sweep" / "1" / "plan.txt").read_text()

@@ -1,0 +1,111 @@
+"""Composition of every config group and experiment, overrides, and static validation errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_trainer.cli import compose, config_groups, group_options
+from ppo_trainer.config import ConfigError
+
+GROUPS = [g for g in config_groups() if g != "experiment"]
+
+
+def test_primary_config_has_every_group_of_the_design():
+    assert set(GROUPS) == {"model", "critic", "sampler", "gae", "devices", "algorithm", "data", "reward", "eval", "trainer"}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
+def test_every_group_option_composes(group, option):
+    cfg = compose([f"{group}={option}"])
+    assert cfg.trainer.total_steps >= 1
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+def test_every_experiment_composes_and_names_its_output_dir(experiment):
+    cfg = compose([f"+experiment={experiment}"])
+    assert cfg.trainer.experiment_name == experiment
+    assert cfg.trainer.output_dir == f"outputs/{experiment}"
+
+
+def test_gsm8k_experiment_sets_the_published_recipe():
+    cfg = compose(["+experiment=gsm8k"])
+    assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert cfg.sampler.name == "vllm"
+    assert (cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size) == (256, 64)
+    assert (cfg.model.optim.lr, cfg.critic.lr, cfg.gae.kl_coef) == (1e-6, 1e-5, 0.001)
+    assert (cfg.gae.gamma, cfg.gae.lam, cfg.sampler.max_new_tokens) == (1.0, 1.0, 512)
+
+
+def test_command_line_overrides_win_over_experiment_values():
+    cfg = compose(["+experiment=gsm8k", "gae.lam=0.9", "sampler.n=4", "data.train_batch_size=128"])
+    assert (cfg.gae.lam, cfg.sampler.n, cfg.data.train_batch_size) == (0.9, 4, 128)
+
+
+def test_group_selection_on_the_command_line_overrides_the_experiment_choice():
+    cfg = compose(["+experiment=gsm8k", "sampler=hf", "devices=cpu"])
+    assert cfg.sampler.name == "hf"
+    assert cfg.devices.accelerator == "cpu"
+
+
+def test_single_file_path_is_accepted_for_list_keys():
+    cfg = compose(["data.source=files", "data.train_files=train.jsonl", "data.val_files=test.jsonl"])
+    assert list(cfg.data.train_files) == ["train.jsonl"]
+    assert list(cfg.data.val_files) == ["test.jsonl"]
+
+
+def test_critic_path_defaults_to_none_meaning_the_actor_model():
+    assert compose([]).critic.path is None
+
+
+# (override, a fragment the one-line message must contain)
+BAD_CONFIGS = [
+    ("gae.gama=0.9", "gae.gama"),
+    ("+gae.gama=0.9", "gae.gama"),
+    ("+trainer.typo=1", "trainer.typo"),
+    ("+nothing=1", "nothing"),
+    ("sampler=nope", "sampler=nope"),
+    ("+experiment=nope", "experiment=nope"),
+    ("gae.lam=abc", "gae.lam"),
+    ("sampler.n=two", "sampler.n"),
+    ("gae.normalize_advantages=maybe", "gae.normalize_advantages"),
+    ("model.optim.lr=0", "model.optim.lr"),
+    ("critic.lr=-1e-5", "critic.lr"),
+    ("sampler.n=0", "sampler.n"),
+    ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low"),
+    ("algorithm.clip_ratio_high=0", "algorithm.clip_ratio_high"),
+    ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
+    ("gae.gamma=1.5", "gae.gamma"),
+    ("gae.lam=-0.1", "gae.lam"),
+    ("gae.kl_penalty=k9", "gae.kl_penalty"),
+    ("algorithm.loss_agg_mode=mean", "algorithm.loss_agg_mode"),
+    ("algorithm.ppo_mini_batch_size=3", "algorithm.ppo_mini_batch_size"),
+    ("algorithm.ppo_micro_batch_tokens=16", "algorithm.ppo_micro_batch_tokens"),
+    ("critic.lora.rank=8", "critic.lora"),
+    ("+critic.lora.rank=8", "critic.lora"),
+    ("devices.actor.num_devices=2", "devices.actor.num_devices"),
+    ("sampler.vllm.gpu_memory_utilization=1.5", "sampler.vllm.gpu_memory_utilization"),
+    ("data.train_files=[a.jsonl]", "data.train_files"),
+    ("data.source=files", "data.train_files"),
+    ("trainer.loggers=[console,bogus]", "trainer.loggers"),
+    ("reward.fn=no_colon", "reward.fn"),
+    ("model.dtype=float8", "model.dtype"),
+]
+
+
+@pytest.mark.parametrize("override,fragment", BAD_CONFIGS)
+def test_bad_config_is_one_line_naming_the_key(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        compose([override])
+    message = str(err.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_unknown_key_suggests_the_nearest_valid_key():
+    with pytest.raises(ConfigError, match="did you mean 'gae.gamma'"):
+        compose(["gae.gama=0.9"])
+
+
+def test_ray_backend_allows_several_devices_per_role():
+    cfg = compose(["devices=multi_gpu"])
+    assert [cfg.devices[r].num_devices for r in ("actor", "critic", "rollout")] == [4, 4, 4]
