@@ -1,0 +1,112 @@
+"""Per-token rewards and Generalized Advantage Estimation (GAE) for right-padded responses.
+
+Symbols and shapes (B sequences, T response tokens):
+
+==============  =====  ======================================================================
+scores          [B]    scalar reward of each whole response (from the reward function)
+old_logprobs    [B,T]  log pi_old(a_t | s_t) of the sampled tokens
+ref_logprobs    [B,T]  log pi_ref(a_t | s_t) of the same tokens
+values          [B,T]  V(s_t): the critic's value of the state *before* token t is generated
+token_rewards   [B,T]  r_t, reward received for emitting token t
+response_mask   [B,T]  1 on real response tokens (up to and including EOS), 0 on padding
+advantages      [B,T]  GAE advantage A_t; 0 on padding
+returns         [B,T]  A_t + V(s_t), the critic's target; 0 on padding
+==============  =====  ======================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ppo_trainer.core import losses
+from ppo_trainer.core.masked import masked_whiten
+
+__all__ = ["compute_gae", "masked_whiten", "token_rewards"]
+
+
+@torch.no_grad()
+def token_rewards(
+    scores: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    kl_penalty: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spread a sequence-level score over tokens and subtract a per-token KL penalty.
+
+    ``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
+    token (the EOS, or the last token of a truncated response). ``kl_t`` is
+    ``kl_penalty(old_logprobs, ref_logprobs, kind)`` from ``losses``; ``ref_logprobs=None``
+    (reference model skipped because the KL is off) means no penalty. A row without valid
+    tokens gets no reward at all.
+
+    Shapes: see the module table. Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on
+    padding; the trainer logs ``masked_mean(kl, mask)`` as ``actor/reward_kl_penalty``.
+    """
+    valid = response_mask.bool()
+    if ref_logprobs is None:
+        kl = torch.zeros_like(old_logprobs)
+    else:
+        kl = torch.where(valid, losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty), 0)
+    rewards = -kl_coef * kl
+
+    positions = torch.arange(valid.shape[-1], device=valid.device)
+    last = torch.where(valid, positions, -1).max(dim=-1).values
+    score = torch.where(last >= 0, scores.to(rewards.dtype), 0)
+    rewards.scatter_add_(1, last.clamp(min=0).unsqueeze(1), score.unsqueeze(1))
+    return rewards, kl
+
+
+def _reverse_scan(x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """y[t] = x[t] + decay[t] * y[t + 1] with y[T] = 0, for x, decay [T, B]; returns y [T + 1, B].
+
+    Time runs along dim 0 so every step reads and writes contiguous [B] rows, one kernel each.
+    """
+    y = x.new_zeros(x.shape[0] + 1, x.shape[1])
+    xs, decays, ys = x.unbind(0), decay.unbind(0), y.unbind(0)
+    for t in range(x.shape[0] - 1, -1, -1):
+        torch.addcmul(xs[t], decays[t], ys[t + 1], out=ys[t])
+    return y
+
+
+@torch.no_grad()
+def compute_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns, vectorised over the batch.
+
+    ``delta_t = r_t + gamma * V(s_next) - V(s_t)`` and ``A_t = delta_t + gamma * lam * A_next``,
+    where "next" is the next valid token of the same row. Masked positions are skipped as if
+    they were removed from the row, so any mask works, not only right padding.
+
+    Shapes: see the module table. Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
+    """
+    valid = response_mask.bool()
+    values = torch.where(valid, values, 0)
+    valid_by_t = valid.T.contiguous()
+    values_by_t = values.T.contiguous()
+    rewards_by_t = torch.where(valid_by_t, token_rewards.T, 0)
+
+    # Alignment: values[:, t] is V(s_t), the state *before* token t, so the state reached after
+    # emitting token t is the state before the next valid token, and its value is what token t
+    # bootstraps from; shifting this by one is the classic PPO-for-LLMs bug. After the last valid
+    # token the response has ended (EOS) or was cut off, and the reward function scored it as
+    # finished either way: the episode is over, so nothing is bootstrapped (V = 0), and the
+    # critic's output on padding is never read.
+    # upcoming[t] is the value of the first valid state at or after t, 0 past the end: decay 0
+    # makes a valid position take its own value; decay 1 (its value zeroed) makes a masked one
+    # pass on the value that follows it.
+    upcoming = _reverse_scan(values_by_t, (~valid_by_t).to(values.dtype))
+    deltas = torch.where(valid_by_t, rewards_by_t + gamma * upcoming[1:] - values_by_t, 0)
+
+    # On a masked position delta is 0 and the decay 1, so A passes through it unchanged and the
+    # valid token before it sees the next valid token's advantage.
+    decay = torch.full_like(deltas, gamma * lam).masked_fill_(~valid_by_t, 1.0)
+    advantages = torch.where(valid, _reverse_scan(deltas, decay)[:-1].T, 0)
+    returns = torch.where(valid, advantages + values, 0)
+    return advantages, returns

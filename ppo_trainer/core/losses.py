@@ -1,0 +1,219 @@
+"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, entropy, aggregation.
+
+Symbols and shapes (B sequences in the micro-batch, T response tokens, V vocabulary):
+
+==============  =========  ================================================================
+logprobs        [B, T]     log pi(a_t | s_t) under the policy being optimised
+old_logprobs    [B, T]     the same under the policy at the start of this PPO step
+ref_logprobs    [B, T]     the same under the frozen reference policy
+advantages      [B, T]     from ``compute_gae`` (typically whitened)
+values          [B, T]     V(s_t) from the critic being optimised
+old_values      [B, T]     V(s_t) at rollout time
+returns         [B, T]     GAE returns, the value target
+response_mask   [B, T]     1 on real response tokens, 0 on padding (``mask`` in aggregate)
+logits          [..., V]
+==============  =========  ================================================================
+
+Masked positions are replaced by 0 before any arithmetic, so padding garbage (even inf or NaN)
+reaches neither the loss nor a gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ppo_trainer.core.metrics import approx_kl, clip_fraction
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_KINDS = ("k1", "abs", "k2", "k3")
+K3_BOUND = 10.0
+
+Count = int | float | torch.Tensor
+
+
+class PolicyLossOutput(NamedTuple):
+    """``loss`` carries the gradient; the rest are detached scalars for logging."""
+
+    loss: torch.Tensor
+    clipfrac: torch.Tensor  # actor/pg_clipfrac: tokens where the ratio clip was active
+    approx_kl: torch.Tensor  # actor/ppo_kl
+    dual_clipfrac: torch.Tensor  # tokens where the dual-clip bound was active (0 if disabled)
+
+
+class ValueLossOutput(NamedTuple):
+    """``loss`` carries the gradient; ``clipfrac`` (critic/vf_clipfrac) is a detached scalar."""
+
+    loss: torch.Tensor
+    clipfrac: torch.Tensor
+
+
+def aggregate(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    global_tokens: Count | None = None,
+    global_seqs: Count | None = None,
+) -> torch.Tensor:
+    """Reduce per-token losses to a scalar.
+
+    ======================  ===================================================================
+    token-mean              sum of valid token losses / global_tokens
+    seq-mean-token-mean     sum over rows of (row's mean valid token loss) / global_seqs
+    seq-mean-token-sum      sum over rows of (row's summed valid token loss) / global_seqs
+    ======================  ===================================================================
+
+    The denominators are the token / sequence counts of the whole mini-batch (across
+    micro-batches and ranks), not of this micro-batch: weighting each micro-batch by its own
+    count would make the summed micro-batch losses differ from the full-batch loss whenever
+    micro-batches hold different numbers of tokens. With the global counts, summing the
+    micro-batch losses gives the full-batch loss exactly. ``None`` uses the local count, so one
+    call on the full batch is the reference. Rows without valid tokens contribute 0.
+
+    ============  ==================================================
+    loss_mat      [B, T]
+    mask          [B, T]
+    return        []
+    ============  ==================================================
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
+    valid = mask.bool()
+    token_losses = torch.where(valid, loss_mat, 0)
+    if mode == "token-mean":
+        tokens = valid.sum().clamp(min=1) if global_tokens is None else global_tokens
+        return token_losses.sum() / tokens
+    seq_losses = token_losses.sum(dim=-1)
+    if mode == "seq-mean-token-mean":
+        seq_losses = seq_losses / valid.sum(dim=-1).clamp(min=1)
+    seqs = loss_mat.shape[0] if global_seqs is None else global_seqs
+    return seq_losses.sum() / seqs
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    global_tokens: Count | None = None,
+    global_seqs: Count | None = None,
+) -> PolicyLossOutput:
+    """Clipped PPO surrogate, to be minimised.
+
+    Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
+    ``r = exp(logprobs - old_logprobs)``. With ``dual_clip = c > 1``, tokens with A < 0 are
+    additionally capped at ``-c * A``: a very large ratio on a bad action would otherwise give an
+    unbounded loss. Reduced by ``aggregate(agg, global_tokens, global_seqs)``.
+
+    Shapes: see the module table; returns a ``PolicyLossOutput`` of scalars.
+    """
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
+    valid = response_mask.bool()
+    logprobs = torch.where(valid, logprobs, 0)
+    old_logprobs = torch.where(valid, old_logprobs, 0)
+    advantages = torch.where(valid, advantages, 0)
+
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    clipfrac = clip_fraction(clipped > unclipped, valid)
+
+    dual_clipfrac = torch.zeros((), device=loss_mat.device)
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        negative = advantages < 0
+        dual_clipfrac = clip_fraction(negative & (loss_mat > bound), valid)
+        loss_mat = torch.where(negative, torch.minimum(loss_mat, bound), loss_mat)
+
+    loss = aggregate(loss_mat, valid, agg, global_tokens, global_seqs)
+    return PolicyLossOutput(loss, clipfrac, approx_kl(logprobs, old_logprobs, valid), dual_clipfrac)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip: float | None = None,
+    agg: str = "token-mean",
+    global_tokens: Count | None = None,
+    global_seqs: Count | None = None,
+) -> ValueLossOutput:
+    """Clipped value loss, to be minimised.
+
+    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``, i.e. a token whose
+    prediction already moved more than ``c`` from its rollout-time value toward the target gives
+    no further gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
+    Reduced by ``aggregate(agg, global_tokens, global_seqs)``.
+
+    Shapes: see the module table; returns a ``ValueLossOutput`` of scalars.
+    """
+    valid = response_mask.bool()
+    values = torch.where(valid, values, 0)
+    returns = torch.where(valid, returns, 0)
+
+    loss_mat = (values - returns).square()
+    clipfrac = torch.zeros((), device=loss_mat.device)
+    if clip is not None:
+        old_values = torch.where(valid, old_values, 0)
+        clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+        clipped_mat = (clipped_values - returns).square()
+        clipfrac = clip_fraction(clipped_mat > loss_mat, valid)
+        loss_mat = torch.maximum(loss_mat, clipped_mat)
+
+    loss = aggregate(0.5 * loss_mat, valid, agg, global_tokens, global_seqs)
+    return ValueLossOutput(loss, clipfrac)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from the log-probabilities of sampled tokens.
+
+    ======  ===============================================================================
+    k1      logp - ref                      (unbiased, high variance, can be negative)
+    abs     |logp - ref|
+    k2      0.5 * (logp - ref)^2
+    k3      exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]  (unbiased, >= 0,
+            low variance)
+    ======  ===============================================================================
+
+    ============  =====================
+    logprobs      [B, T] (any shape)
+    ref_logprobs  same shape
+    return        same shape
+    ============  =====================
+    """
+    diff = logprobs - ref_logprobs
+    if kind == "k1":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "k2":
+        return 0.5 * diff.square()
+    if kind == "k3":
+        # k3 already exceeds the bound for |ref - logp| > 11; clamping the exponent first keeps
+        # exp from overflowing to inf, whose backward (0 * inf) would turn gradients into NaN.
+        log_ratio = torch.clamp(-diff, -2 * K3_BOUND, 2 * K3_BOUND)
+        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, -K3_BOUND, K3_BOUND)
+    raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) along the last dimension: logsumexp(z) - sum(p * z).
+
+    Stable for large logits, which stay finite throughout; ``logits`` must be finite
+    (mask out vocabulary entries with a large negative number, not -inf, where 0 * -inf is NaN).
+
+    ============  =========
+    logits        [..., V]
+    return        [...]
+    ============  =========
+    """
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)

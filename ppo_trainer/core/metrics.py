@@ -1,0 +1,80 @@
+"""Diagnostics that tell whether PPO is healthy: explained variance, clip fractions, approx KL.
+
+All results are detached scalars computed over valid tokens only (``mask`` nonzero).
+Shapes: ``values``, ``returns``, ``logprobs``, ``mask`` are [B, T].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ppo_trainer.core.masked import masked_mean, masked_var
+
+
+@torch.no_grad()
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var[R - V] / Var[R] over valid tokens.
+
+    1 means the critic predicts the returns exactly, 0 means it does no better than predicting
+    their mean, negative means worse. Returns 0 when the returns are constant (nothing to explain),
+    so the logged metric never turns into NaN.
+
+    ============  =====
+    values        [B, T]
+    returns       [B, T]
+    mask          [B, T]
+    return        []
+    ============  =====
+    """
+    var_returns = masked_var(returns, mask)
+    var_residual = masked_var(returns - values, mask)
+    explained = 1 - var_residual / var_returns
+    return torch.where(var_returns > 0, explained, torch.zeros_like(explained))
+
+
+@torch.no_grad()
+def clip_fraction(clipped: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Share of valid tokens on which a clip bound was active (their gradient is cut).
+
+    ============  ============================
+    clipped       [B, T] bool
+    mask          [B, T]
+    return        []
+    ============  ============================
+    """
+    return masked_mean(clipped.float(), mask)
+
+
+@torch.no_grad()
+def approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(old || new) estimated as the mean of ``old_logprobs - logprobs`` (logged as actor/ppo_kl).
+
+    ============  =====
+    logprobs      [B, T] current policy
+    old_logprobs  [B, T] policy that sampled the batch
+    mask          [B, T]
+    return        []
+    ============  =====
+    """
+    return masked_mean(old_logprobs - logprobs, mask)
+
+
+@torch.no_grad()
+def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean, max and min of ``x`` over valid elements, as ``{"mean", "max", "min"}``; all 0 if none is valid.
+
+    ============  =====================
+    x, mask       [B, T] (any shape)
+    return        dict of [] tensors
+    ============  =====================
+    """
+    valid = mask.bool()
+    has_valid = valid.any()
+    zero = x.new_zeros(())
+    top = torch.where(valid, x, float("-inf")).max()
+    bottom = torch.where(valid, x, float("inf")).min()
+    return {
+        "mean": masked_mean(x, valid),
+        "max": torch.where(has_valid, top, zero),
+        "min": torch.where(has_valid, bottom, zero),
+    }

@@ -1,0 +1,50 @@
+"""explained_variance, approx_kl, clip_fraction and masked_stats over valid tokens."""
+
+import pytest
+import torch
+
+from ppo_trainer.core import approx_kl, clip_fraction, explained_variance, masked_stats
+
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+RETURNS = torch.tensor([[1.0, 2.0, 4.0, 99.0], [-1.0, 3.0, -50.0, 7.0]])
+
+
+def test_explained_variance_of_perfect_prediction_is_one():
+    values = torch.where(MASK.bool(), RETURNS, 123.0)
+    assert explained_variance(values, RETURNS, MASK).item() == pytest.approx(1.0)
+
+
+def test_explained_variance_of_the_constant_mean_prediction_is_zero():
+    mean = (1.0 + 2.0 + 4.0 - 1.0 + 3.0) / 5
+    assert explained_variance(torch.full_like(RETURNS, mean), RETURNS, MASK).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_explained_variance_of_a_halfway_prediction():
+    # residual R - 0.5 R has a quarter of Var[R]
+    assert explained_variance(0.5 * RETURNS, RETURNS, MASK).item() == pytest.approx(0.75)
+
+
+def test_explained_variance_is_zero_when_returns_are_constant():
+    assert explained_variance(torch.randn(2, 4), torch.ones(2, 4), MASK).item() == 0.0
+
+
+def test_approx_kl_is_mean_of_old_minus_new_logprobs_on_valid_tokens():
+    old = torch.tensor([[0.0, -1.0, -2.0, 5.0], [-1.0, 0.0, 0.0, 0.0]])
+    new = torch.tensor([[-1.0, -1.0, -1.0, 0.0], [-2.0, -1.0, 9.0, 9.0]])
+    assert approx_kl(new, old, MASK).item() == pytest.approx((1.0 + 0.0 - 1.0 + 1.0 + 1.0) / 5)
+
+
+def test_clip_fraction_counts_valid_tokens_only():
+    clipped = torch.tensor([[True, False, True, True], [False, False, True, True]])
+    assert clip_fraction(clipped, MASK).item() == pytest.approx(2 / 5)
+
+
+def test_masked_stats_over_valid_tokens():
+    stats = masked_stats(RETURNS, MASK)
+    assert stats["mean"].item() == pytest.approx(1.8)
+    assert stats["max"].item() == 4.0 and stats["min"].item() == -1.0
+
+
+def test_masked_stats_of_nothing_are_zero():
+    stats = masked_stats(RETURNS, torch.zeros_like(MASK))
+    assert [stats[key].item() for key in ("mean", "max", "min")] == [0.0, 0.0, 0.0]

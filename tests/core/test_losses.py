@@ -1,0 +1,165 @@
+"""policy_loss, value_loss, kl_penalty, entropy_from_logits and aggregate on hand-computed cases."""
+
+import math
+
+import pytest
+import torch
+
+from ppo_trainer.core import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
+
+
+def test_policy_loss_with_ratio_one_is_the_unclipped_surrogate():
+    advantages = torch.tensor([[1.0, -2.0, 0.5], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    old = torch.tensor([[-1.0, -0.5, -2.0], [-0.1, -3.0, -3.0]])
+    logprobs = old.clone().requires_grad_(True)
+    out = policy_loss(logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.2)
+    assert out.loss.item() == pytest.approx(-(1.0 - 2.0 + 0.5 + 3.0) / 4)
+    assert out.clipfrac.item() == 0.0 and out.approx_kl.item() == 0.0 and out.dual_clipfrac.item() == 0.0
+    out.loss.backward()
+    # d/dlogp of -A * exp(logp - old) at ratio 1 is -A, over 4 valid tokens.
+    torch.testing.assert_close(logprobs.grad, -advantages * mask / 4)
+
+
+@pytest.mark.parametrize(
+    "advantage,ratio,expected,clipped",
+    [
+        (1.0, 1.5, -1.28, True),  # above 1 + clip_high: capped at 1.28
+        (1.0, 0.5, -0.5, False),  # pessimistic bound keeps the unclipped, worse term
+        (-1.0, 0.5, 0.8, True),  # below 1 - clip_low: capped at 0.8
+        (-1.0, 1.5, 1.5, False),
+    ],
+)
+def test_policy_loss_clips_ratio_to_separate_low_and_high_bounds(advantage, ratio, expected, clipped):
+    out = policy_loss(
+        torch.tensor([[math.log(ratio)]]), torch.zeros(1, 1), torch.tensor([[advantage]]), torch.ones(1, 1),
+        clip_low=0.2, clip_high=0.28,
+    )
+    assert out.loss.item() == pytest.approx(expected)
+    assert out.clipfrac.item() == float(clipped)
+    assert out.approx_kl.item() == pytest.approx(-math.log(ratio))
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages_at_c_times_minus_a():
+    # ratio e^2 ~ 7.39: A = -1 gives loss 7.39 without dual clip, capped at 3 * 1 with c = 3;
+    # A = +1 is clipped as usual to -1.2 and untouched by the dual clip.
+    logprobs = torch.tensor([[2.0, 2.0]])
+    old = torch.zeros(1, 2)
+    advantages = torch.tensor([[-1.0, 1.0]])
+    mask = torch.ones(1, 2)
+    plain = policy_loss(logprobs, old, advantages, mask, 0.2, 0.2, agg="seq-mean-token-sum")
+    assert plain.loss.item() == pytest.approx(math.exp(2.0) - 1.2)
+    dual = policy_loss(logprobs, old, advantages, mask, 0.2, 0.2, dual_clip=3.0, agg="seq-mean-token-sum")
+    assert dual.loss.item() == pytest.approx(3.0 - 1.2)
+    assert dual.dual_clipfrac.item() == 0.5
+    assert dual.clipfrac.item() == 0.5
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, dual_clip=1.0)
+
+
+def test_value_loss_clipped_by_hand():
+    # token 0: v moved 0.5 away from v_old=0.5, clipped to 0.7: max(1.0, 0.49) -> 0.5 * 1.0
+    # token 1: v=2.9 moved toward R=3 beyond the clip: max(0.01, (2.2 - 3)^2=0.64) -> 0.32
+    values = torch.tensor([[1.0, 2.9, 123.0]])
+    old_values = torch.tensor([[0.5, 2.0, -5.0]])
+    returns = torch.tensor([[0.0, 3.0, 7.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    out = value_loss(values, old_values, returns, mask, clip=0.2)
+    assert out.loss.item() == pytest.approx((0.5 + 0.32) / 2)
+    assert out.clipfrac.item() == 0.5
+
+
+def test_value_loss_unclipped_by_hand():
+    values = torch.tensor([[1.0, 2.9, 123.0]])
+    returns = torch.tensor([[0.0, 3.0, 7.0]])
+    out = value_loss(values, torch.zeros(1, 3), returns, torch.tensor([[1, 1, 0]]), clip=None)
+    assert out.loss.item() == pytest.approx((0.5 * 1.0 + 0.5 * 0.01) / 2)
+    assert out.clipfrac.item() == 0.0
+
+
+def test_value_loss_gradient_is_cut_where_clip_is_active():
+    values = torch.tensor([[1.0, 2.9]], requires_grad=True)
+    out = value_loss(values, torch.tensor([[0.5, 2.0]]), torch.tensor([[0.0, 3.0]]), torch.ones(1, 2), clip=0.2)
+    out.loss.backward()
+    # token 0: d/dv 0.5 (v - R)^2 / 2 = (1 - 0) / 2; token 1: clipped term is constant in v.
+    assert values.grad.tolist() == [[0.5, 0.0]]
+
+
+# logp - ref = (1, 0, -2); ref - logp = (-1, 0, 2)
+KL_CASES = {
+    "k1": [1.0, 0.0, -2.0],
+    "abs": [1.0, 0.0, 2.0],
+    "k2": [0.5, 0.0, 2.0],
+    "k3": [math.exp(-1.0), 0.0, math.exp(2.0) - 3.0],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KL_CASES))
+def test_kl_penalty_kinds_on_known_inputs(kind):
+    logprobs = torch.tensor([0.0, -1.0, -2.0], dtype=torch.float64)
+    ref = torch.tensor([-1.0, -1.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(kl_penalty(logprobs, ref, kind), torch.tensor(KL_CASES[kind], dtype=torch.float64))
+
+
+def test_k3_is_clamped_to_ten_with_finite_gradients():
+    logprobs = torch.tensor([-200.0, 0.0, 200.0], requires_grad=True)
+    kl = kl_penalty(logprobs, torch.zeros(3), "k3")
+    assert kl.tolist() == [10.0, 0.0, 10.0]
+    kl.sum().backward()
+    assert logprobs.grad.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_unknown_kl_kind_names_the_allowed_values():
+    with pytest.raises(ValueError, match="'k4'.*k1, abs, k2, k3"):
+        kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+
+
+def test_entropy_of_uniform_logits_is_log_vocab_size():
+    torch.testing.assert_close(entropy_from_logits(torch.zeros(2, 3, 4)), torch.full((2, 3), math.log(4)))
+
+
+def test_entropy_matches_minus_sum_p_log_p():
+    logits = torch.randn(5, 11, dtype=torch.float64) * 3
+    probs = logits.softmax(-1)
+    torch.testing.assert_close(entropy_from_logits(logits), -(probs * probs.log()).sum(-1))
+
+
+def test_entropy_stays_finite_for_huge_logits():
+    assert entropy_from_logits(torch.tensor([1e4, 0.0, -1e4])).item() == pytest.approx(0.0, abs=1e-6)
+    logits = torch.tensor([[1.0, 2.0, 0.5]])
+    torch.testing.assert_close(entropy_from_logits(logits + 1e4), entropy_from_logits(logits), atol=1e-2, rtol=0)
+
+
+LOSS_MAT = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+AGG_MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        ("token-mean", (1 + 2 + 4) / 3),
+        ("seq-mean-token-mean", (1.5 + 4.0 + 0.0) / 3),  # the empty row counts as 0
+        ("seq-mean-token-sum", (3.0 + 4.0 + 0.0) / 3),
+    ],
+)
+def test_aggregate_modes_by_hand(mode, expected):
+    assert aggregate(LOSS_MAT, AGG_MASK, mode).item() == pytest.approx(expected)
+
+
+def test_aggregate_divides_by_the_global_counts_when_given():
+    assert aggregate(LOSS_MAT, AGG_MASK, "token-mean", global_tokens=10).item() == pytest.approx(0.7)
+    assert aggregate(LOSS_MAT, AGG_MASK, "seq-mean-token-sum", global_seqs=7).item() == pytest.approx(1.0)
+    assert aggregate(LOSS_MAT, AGG_MASK, "seq-mean-token-mean", global_seqs=torch.tensor(11)).item() == pytest.approx(0.5)
+
+
+def test_aggregate_of_an_all_masked_batch_is_zero():
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        assert aggregate(LOSS_MAT, torch.zeros(3, 3), mode).item() == 0.0
+
+
+def test_unknown_aggregation_mode_names_the_allowed_values():
+    with pytest.raises(ValueError, match="'mean'.*token-mean, seq-mean-token-mean, seq-mean-token-sum"):
+        aggregate(LOSS_MAT, AGG_MASK, "mean")
