@@ -236,6 +236,8 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
 
 def _quiet_third_party_logs() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no per-load reports or progress bars
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name in ("httpx", "urllib3", "filelock", "datasets"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    for name in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)

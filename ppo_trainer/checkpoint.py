@@ -1,0 +1,154 @@
+"""Checkpoint layout, atomic commits, rotation and resume resolution.
+
+    checkpoints/global_step_N/actor/     HF export (config, safetensors, tokenizer; LoRA: adapter)
+    checkpoints/global_step_N/critic/    HF export of the ValueModel
+    checkpoints/global_step_N/state/     exact-resume state: actor/ and critic/ (DCP: fp32 master
+                                         weights, optimizer, scheduler), trainer.json (step,
+                                         dataloader position, KL controller), rng.pt
+    checkpoints/latest                   names the last complete step, written last
+
+A checkpoint is written into a hidden temporary folder, fsynced, then renamed into place, and
+only then does `latest` move (itself replaced atomically). A crash at any moment therefore
+leaves either the previous checkpoint or the new one, never a half-written one that resume
+could pick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A resume target that cannot be used; the message names the folder."""
+
+
+def checkpoints_dir(output_dir: Path) -> Path:
+    return output_dir / "checkpoints"
+
+
+def step_dir(output_dir: Path, step: int) -> Path:
+    return checkpoints_dir(output_dir) / f"global_step_{step}"
+
+
+def staging_dir(output_dir: Path, step: int) -> Path:
+    """Where step N is written before it is committed; removed on the next start if left over."""
+    return checkpoints_dir(output_dir) / f".incomplete_global_step_{step}"
+
+
+def begin(output_dir: Path, step: int) -> Path:
+    """A fresh staging folder for step `step` (a leftover from a crash is discarded)."""
+    staging = staging_dir(output_dir, step)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def commit(output_dir: Path, step: int, keep_last: int) -> Path:
+    """fsync the staged step, rename it into place, point `latest` at it, rotate old steps."""
+    staging = staging_dir(output_dir, step)
+    _fsync_tree(staging)
+    final = step_dir(output_dir, step)
+    if final.exists():  # re-saving a step after resuming from an earlier one
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    _fsync_dir(final.parent)
+    latest = checkpoints_dir(output_dir) / "latest"
+    tmp = latest.with_name(".latest.tmp")
+    tmp.write_text(final.name + "\n")
+    _fsync_file(tmp)
+    os.replace(tmp, latest)
+    _fsync_dir(latest.parent)
+    rotate(output_dir, keep_last)
+    return final
+
+
+def complete_steps(output_dir: Path) -> list[int]:
+    """Steps with a committed checkpoint folder, ascending."""
+    folder = checkpoints_dir(output_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
+
+
+def rotate(output_dir: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` checkpoints, and leftover staging folders."""
+    for step in complete_steps(output_dir)[:-keep_last]:
+        shutil.rmtree(step_dir(output_dir, step))
+    for leftover in checkpoints_dir(output_dir).glob(".incomplete_global_step_*"):
+        shutil.rmtree(leftover)
+
+
+def latest_checkpoint(output_dir: Path) -> Optional[Path]:
+    """The folder `latest` names, or None when there is no checkpoint yet."""
+    latest = checkpoints_dir(output_dir) / "latest"
+    if not latest.exists():
+        return None
+    name = latest.read_text().strip()
+    folder = checkpoints_dir(output_dir) / name
+    if not STEP_DIR.match(name) or not folder.is_dir():
+        raise CheckpointError(f"{latest} names '{name}', which is not a checkpoint folder; "
+                              "remove the file to start over, or pass trainer.resume=PATH")
+    return folder
+
+
+def resolve_resume(output_dir: Path, resume: str) -> Optional[Path]:
+    """trainer.resume: 'auto' (latest of output_dir, if any), 'never', or a checkpoint folder."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(output_dir)
+    folder = Path(resume)
+    if not (folder / "state" / "trainer.json").is_file():
+        raise CheckpointError(f"trainer.resume={resume}: not a complete checkpoint folder "
+                              "(expected state/trainer.json inside checkpoints/global_step_N)")
+    return folder
+
+
+def save_trainer_state(folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:
+    """The driver's state: JSON for counters and positions, tensors for RNG states."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer.json").write_text(json.dumps(state, indent=1) + "\n")
+    torch.save(rng, folder / "rng.pt")
+
+
+def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    try:
+        state = json.loads((folder / "trainer.json").read_text())
+        rng = torch.load(folder / "rng.pt", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; "
+                              "resume from another checkpoint with trainer.resume=PATH") from None
+    return state, rng
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_file(Path(dirpath) / name)
+        _fsync_dir(Path(dirpath))

@@ -1,0 +1,196 @@
+"""Where metrics go: console (progress bar with ETA and a per-step line), metrics.jsonl,
+samples.jsonl, and tensorboard / wandb / mlflow when installed and listed in trainer.loggers;
+plots.png at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("ppo_trainer")
+
+# The compact per-step console line: (metric, label, format).
+CONSOLE_COLUMNS = [
+    ("critic/score/mean", "score", "{:.3f}"),
+    ("val/accuracy", "val_acc", "{:.3f}"),
+    ("actor/reward_kl_penalty", "kl", "{:.4f}"),
+    ("critic/vf_loss", "vf_loss", "{:.4f}"),
+    ("critic/vf_explained_var", "ev", "{:.3f}"),
+    ("response_length/mean", "resp_len", "{:.1f}"),
+    ("timing_s/step", "step_s", "{:.1f}"),
+]
+PLOTTED = ["critic/score/mean", "val/accuracy", "actor/reward_kl_penalty", "critic/vf_loss",
+           "critic/vf_explained_var", "response_length/mean"]
+_SECRET = re.compile(r"(?i)(token|secret|password|api[_-]?key)")
+
+
+def mask_secrets(value: Any, key: str = "") -> Any:
+    """Replace values under keys that look like credentials with '***' (dicts and lists, recursively)."""
+    if isinstance(value, dict):
+        return {k: mask_secrets(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_secrets(v, key) for v in value]
+    if isinstance(value, str) and value and _SECRET.search(key) and not key.endswith(("_tokens", "_length")):
+        return "***"
+    return value
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the records of steps <= last_step: a resumed run rewrites what came after its checkpoint."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class Tracker:
+    """Fans one step's metrics out to the configured sinks."""
+
+    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, start_step: int,
+                 config: dict[str, Any], run_name: str):
+        self.output_dir = output_dir
+        self.loggers = list(loggers)
+        self.total_steps = total_steps
+        self.metrics_path = output_dir / "metrics.jsonl"
+        self.samples_path = output_dir / "samples.jsonl"
+        truncate_jsonl(self.metrics_path, start_step)
+        truncate_jsonl(self.samples_path, start_step)
+        self._start_time = time.time()
+        self._start_step = start_step
+        self._progress = None
+        self._sinks: list[Any] = []
+        if "console" in self.loggers:
+            self._start_progress(start_step)
+        if "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+        if "wandb" in self.loggers:
+            import wandb
+
+            self._wandb = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
+                                     dir=str(output_dir), resume="allow", id=_run_id(output_dir))
+        if "mlflow" in self.loggers:
+            import mlflow
+
+            mlflow.set_experiment("ppo-trainer")
+            mlflow.start_run(run_name=run_name)
+            mlflow.log_params({k: str(v) for k, v in _flatten(mask_secrets(config)).items()})
+
+    def _start_progress(self, start_step: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        self._task = self._progress.add_task("steps", total=self.total_steps, completed=start_step)
+        self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._progress is not None:
+            self._progress.console.print(format_step_line(step, self.total_steps, metrics), soft_wrap=True)
+            self._progress.update(self._task, completed=step)
+        if "tensorboard" in self.loggers:
+            for key, value in metrics.items():
+                self._tb.add_scalar(key, value, step)
+        if "wandb" in self.loggers:
+            self._wandb.log(metrics, step=step)
+        if "mlflow" in self.loggers:
+            import mlflow
+
+            mlflow.log_metrics({k.replace("/", "."): v for k, v in metrics.items()}, step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        with self.samples_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if "tensorboard" in self.loggers:
+            self._tb.close()
+        if "wandb" in self.loggers:
+            self._wandb.finish()
+        if "mlflow" in self.loggers:
+            import mlflow
+
+            mlflow.end_run()
+        write_plots(self.metrics_path, self.output_dir / "plots.png")
+
+
+def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    parts = [f"step {step}/{total}"]
+    for key, label, fmt in CONSOLE_COLUMNS:
+        if key in metrics and metrics[key] is not None:
+            parts.append(f"{label} {fmt.format(metrics[key])}")
+    return "  ".join(parts)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
+    """plots.png: the headline metrics against step. Needs matplotlib (the `logging` extra)."""
+    records = read_metrics(metrics_path)
+    if not records:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("plots.png not written: matplotlib is not installed (pip install 'ppo-trainer[logging]')")
+        return None
+    cols = 3
+    rows = math.ceil(len(PLOTTED) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows))
+    for ax, key in zip(axes.flat, PLOTTED):
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points), marker="." if len(points) < 50 else None)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible as strings
+    return value
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _run_id(output_dir: Path) -> str:
+    """A stable wandb run id per output folder, so a resumed run continues the same wandb run."""
+    import hashlib
+
+    return hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]

@@ -1,0 +1,318 @@
+"""The PPO loop: `Trainer.from_config(cfg)` builds data, reward and the three role groups;
+`Trainer.fit()` runs, per step (DESIGN.md, "One PPO step"):
+
+    generate -> reward -> old logprobs -> reference logprobs -> values -> GAE
+    -> critic update -> actor update (after critic_warmup) -> weight sync -> metrics,
+    validation every trainer.val_every steps, checkpoint every trainer.save_every steps.
+
+The driver holds no model: it moves `Batch`es between worker groups and does the pure
+advantage math of `ppo_trainer.core` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ppo_trainer import checkpoint
+from ppo_trainer.batch import Batch
+from ppo_trainer.config import ConfigError
+from ppo_trainer.core import (
+    AdaptiveKL,
+    FixedKL,
+    compute_gae,
+    explained_variance,
+    masked_mean,
+    masked_whiten,
+    token_rewards,
+)
+from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
+from ppo_trainer.rewards.loader import load_reward_fn, score_all
+from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.tracking import Tracker, mask_secrets
+from ppo_trainer.workers.group import WorkerGroup
+from ppo_trainer.workers.roles import uses_reference
+
+log = logging.getLogger("ppo_trainer")
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of one step: fixed by (trainer.seed, step), so a resumed run samples
+    what the uninterrupted run sampled (an engine's RNG state cannot be checkpointed)."""
+    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+
+
+def prompt_batch(records: list[PromptRecord], pad_id: int) -> Batch:
+    return prompts_to_batch(
+        [r.prompt_ids for r in records], pad_id,
+        prompt_text=[r.question for r in records],
+        ground_truth=[r.ground_truth for r in records],
+        prompt_index=[r.index for r in records],
+    )
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+class Trainer:
+    """Drives one PPO run; see the module docstring for the step."""
+
+    def __init__(self, cfg: DictConfig, groups: dict[str, WorkerGroup], pad_id: int,
+                 train_records: list[PromptRecord], val_records: list[PromptRecord]):
+        self.cfg = cfg
+        self.actor, self.critic, self.rollout = groups["actor"], groups["critic"], groups["rollout"]
+        self.pad_id = pad_id
+        self.val_records = val_records
+        self.output_dir = Path(cfg.trainer.output_dir)
+        self.loader = PromptLoader(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        self.reward_fn = load_reward_fn(cfg.reward)
+        g = cfg.gae
+        self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
+        self.uses_reference = uses_reference(cfg)
+        self.step = 0
+        self._stop_requested: Optional[str] = None
+
+    # ------------------------------------------------------------------------------ building
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> "Trainer":
+        """Check the output folder, load tokenizer and data (errors surface before any model
+        loads), then build the worker groups, and resume if a checkpoint says so."""
+        from ppo_trainer.models.loading import load_tokenizer, resolve_model_path
+        from ppo_trainer.workers.group import build_groups
+
+        output_dir = Path(cfg.trainer.output_dir)
+        check_output_dir(output_dir, cfg)
+        resume_from = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
+        tokenizer = load_tokenizer(resolve_model_path(cfg.model.path))
+        train_records = load_prompts(cfg.data, tokenizer, "train")
+        val_records = load_prompts(cfg.data, tokenizer, "val")
+        load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load
+        log.info("data: %d train prompts, %d validation prompts", len(train_records), len(val_records))
+
+        output_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg))), output_dir / "config.yaml")
+        groups = build_groups(cfg)
+        trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records)
+        if resume_from is not None:
+            trainer.load(resume_from)
+        return trainer
+
+    # ------------------------------------------------------------------------------ the loop
+
+    def fit(self) -> Optional[float]:
+        """Run to trainer.total_steps (or trainer.stop_after_steps); returns the objective metric
+        of the last step that reported it (trainer.objective), for sweepers."""
+        t = self.cfg.trainer
+        tracker = Tracker(self.output_dir, list(t.loggers), t.total_steps, self.step,
+                          OmegaConf.to_container(self.cfg), t.experiment_name)
+        objective: Optional[float] = None
+        previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if self.step == 0:
+                metrics = self.validate()
+                tracker.log(0, metrics)
+                objective = metrics.get(t.objective, objective)
+            last = min(t.total_steps, t.stop_after_steps or t.total_steps)
+            while self.step < last:
+                self.step += 1
+                metrics, samples = self.train_step(self.step)
+                final = self.step == t.total_steps
+                if final or (t.val_every and self.step % t.val_every == 0):
+                    metrics.update(self.validate())
+                tracker.log(self.step, metrics)
+                tracker.log_samples(self.step, samples)
+                objective = metrics.get(t.objective, objective)
+                stopping = self._stop_requested is not None or self.step == last
+                if stopping or (t.save_every and self.step % t.save_every == 0):
+                    self.save()
+                if self._stop_requested is not None:
+                    log.warning("%s received: saved step %d; rerun the same command to continue",
+                                self._stop_requested, self.step)
+                    break
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            tracker.close()
+        return objective
+
+    def _request_stop(self, signum: int, _frame: Any) -> None:
+        if self._stop_requested is not None:
+            raise KeyboardInterrupt  # a second signal: stop now, the last checkpoint stays intact
+        self._stop_requested = signal.Signals(signum).name
+        log.warning("%s: finishing step %d, then saving a checkpoint (send again to abort)", self._stop_requested,
+                    self.step)
+
+    def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """One PPO step; returns its metrics and a few samples for samples.jsonl."""
+        cfg, timer = self.cfg, _Timer()
+        metrics: dict[str, float] = {}
+        with timer("step"):
+            prompts = prompt_batch(next(self.loader), self.pad_id)
+            with timer("gen"):
+                self.rollout.run_all("wake")
+                batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, step_seed(cfg.trainer.seed, step))
+                self.rollout.run_all("sleep")
+            with timer("reward"):
+                scores, errors = score_all(self.reward_fn, batch.response_text, batch.ground_truth, cfg.reward.on_error)
+                batch = batch.with_fields(scores=torch.tensor(scores, dtype=torch.float32))
+                if cfg.reward.on_error == "zero":
+                    metrics["reward/errors"] = errors
+            with timer("old_logprob"):
+                if cfg.algorithm.recompute_old_logprobs:
+                    old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
+                    metrics["actor/entropy"] = masked_mean(entropy, batch.response_mask).item()
+                    metrics.update(logprob_gap_metrics(batch.sample_logprobs, old, batch.response_mask))
+                else:
+                    old = batch.sample_logprobs
+                batch = batch.with_fields(old_logprobs=old)
+            if self.uses_reference:
+                with timer("ref"):
+                    batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
+            with timer("values"):
+                batch = batch.with_fields(values=self.critic.run_split("compute_values", batch))
+            with timer("adv"):
+                batch, adv_metrics = self.compute_advantages(batch)
+                metrics.update(adv_metrics)
+            with timer("update_critic"):
+                metrics.update(self.critic.run_all("update", batch)[0])
+            if step > cfg.algorithm.critic_warmup:
+                with timer("update_actor"):
+                    metrics.update(self.actor.run_all("update", batch)[0])
+                with timer("sync"):
+                    self.sync_rollout_weights()
+        metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
+        metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
+        return metrics, self.samples(batch)
+
+    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Token rewards (score minus KL penalty), GAE, optional whitening; the KL controller
+        steps on this batch's mean per-sequence KL."""
+        g, mask = self.cfg.gae, batch.response_mask
+        kl_coef = self.kl_ctrl.value
+        rewards, kl = token_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, kl_coef, g.kl_penalty)
+        advantages, returns = compute_gae(rewards, batch.values, mask, g.gamma, g.lam)
+        if g.normalize_advantages:
+            advantages = masked_whiten(advantages, mask)
+        sequence_kl = (kl * mask).sum(dim=1).mean().item()
+        self.kl_ctrl.update(sequence_kl, len(batch))
+        lengths = mask.sum(dim=1).float()
+        metrics = {
+            "critic/score/mean": batch.scores.mean().item(),
+            "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),
+            "critic/advantages/mean": masked_mean(advantages, mask).item(),
+            "critic/returns/mean": masked_mean(returns, mask).item(),
+            "critic/values/mean": masked_mean(batch.values, mask).item(),
+            "critic/vf_explained_var": explained_variance(batch.values, returns, mask).item(),
+            "actor/reward_kl_penalty": masked_mean(kl, mask).item(),
+            "actor/kl_coef": kl_coef,
+            "response_length/mean": lengths.mean().item(),
+            "response_length/clip_ratio": batch.truncated.float().mean().item(),
+        }
+        return batch.with_fields(token_rewards=rewards, advantages=advantages, returns=returns), metrics
+
+    def sync_rollout_weights(self) -> None:
+        """Push the actor's current full weights (LoRA merged) into every rollout replica."""
+        state = self.actor.run_all("full_state_dict")[0]
+        self.rollout.run_all("sync_weights", state)
+
+    def perf_metrics(self, batch: Batch, seconds: float) -> dict[str, float]:
+        devices = len(self.actor) + (0 if self.cfg.devices.colocate else len(self.critic) + len(self.rollout))
+        tokens = batch.attention_mask.sum().item()
+        if torch.cuda.is_available():
+            memory_gb = torch.cuda.max_memory_allocated() / 2**30
+        else:  # CPU: the driver process's peak resident memory (ru_maxrss is in KiB on Linux)
+            memory_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return {"perf/throughput": tokens / seconds / devices, "perf/max_memory_allocated_gb": memory_gb}
+
+    def samples(self, batch: Batch) -> list[dict[str, Any]]:
+        rows = range(min(self.cfg.trainer.log_samples, len(batch)))
+        return [{"prompt": batch.prompt_text[i], "response": batch.response_text[i],
+                 "ground_truth": batch.ground_truth[i], "score": batch.scores[i].item()} for i in rows]
+
+    # ------------------------------------------------------------------------------ validation
+
+    def validate(self) -> dict[str, float]:
+        """Greedy responses to every validation prompt; val/accuracy is the fraction scoring at
+        least reward.correct_score, val/score/mean the mean score."""
+        scores: list[float] = []
+        size = self.cfg.eval.batch_size
+        self.rollout.run_all("wake")
+        for start in range(0, len(self.val_records), size):
+            prompts = prompt_batch(self.val_records[start : start + size], self.pad_id)
+            out = self.rollout.run_split("generate", prompts, 1, self.cfg.trainer.seed, greedy=True)
+            chunk, _ = score_all(self.reward_fn, out.response_text, out.ground_truth, self.cfg.reward.on_error)
+            scores.extend(chunk)
+        self.rollout.run_all("sleep")
+        correct = sum(s >= self.cfg.reward.correct_score for s in scores)
+        return {"val/accuracy": correct / len(scores), "val/score/mean": sum(scores) / len(scores)}
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def save(self) -> Path:
+        """Write checkpoints/global_step_N atomically (staging folder, fsync, rename, `latest`)."""
+        staging = checkpoint.begin(self.output_dir, self.step)
+        self.actor.run_all("save", str(staging))
+        self.critic.run_all("save", str(staging))
+        state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+                 "model_path": self.cfg.model.path}
+        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state()})
+        folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last)
+        log.info("saved %s", folder)
+        return folder
+
+    def load(self, folder: Path) -> None:
+        """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
+        position, KL controller, RNG; then the rollout engine gets the restored weights."""
+        state, rng = checkpoint.load_trainer_state(folder / "state")
+        self.actor.run_all("load", str(folder))
+        self.critic.run_all("load", str(folder))
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        torch.set_rng_state(rng["torch"])
+        self.step = int(state["step"])
+        self.sync_rollout_weights()
+        log.info("resumed from %s (step %d)", folder, self.step)
+
+    def close(self) -> None:
+        for group in (self.rollout, self.critic, self.actor):
+            group.shutdown()
+
+
+def check_output_dir(output_dir: Path, cfg: DictConfig) -> None:
+    """Refuse to mix runs: an output folder holding another model's run is a config error."""
+    saved = output_dir / "config.yaml"
+    if not saved.exists() or cfg.trainer.resume == "never" and not (output_dir / "checkpoints").exists():
+        return
+    previous = OmegaConf.load(saved)
+    old_model = OmegaConf.select(previous, "model.path")
+    if old_model != cfg.model.path:
+        raise ConfigError(
+            f"trainer.output_dir={output_dir} holds a run of model.path={old_model}, not {cfg.model.path}; "
+            "choose another trainer.output_dir (or trainer.experiment_name)"
+        )
+
+
+def run_training(cfg: DictConfig) -> Optional[float]:
+    """Build, fit, and release the workers; returns the objective for Hydra sweepers."""
+    trainer = Trainer.from_config(cfg)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()

@@ -1,0 +1,1 @@
+"""Roles, worker groups and device placement."""

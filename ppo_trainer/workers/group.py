@@ -1,0 +1,162 @@
+"""`WorkerGroup`: N replicas of one role behind one API, whatever the backend.
+
+- local: one replica in this process, on one device.
+- ray: one Ray actor per device in a placement group, torch.distributed across the group
+  (see `ppo_trainer.workers.ray_backend`).
+
+Two ways to call a role's method:
+- `run_all(method, ...)`: every replica, same arguments (collective calls such as `update`,
+  which takes the full batch on every rank, or `save`); returns the list of results by rank.
+- `run_split(method, batch, ...)`: the batch's rows dealt across replicas, balanced by token
+  count; the per-replica results (tensors with a leading row dimension, or Batches) are put back
+  in the original row order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from ppo_trainer.batch import Batch
+
+
+class Workers(Protocol):
+    """A backend's handles on the replicas of one role."""
+
+    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
+        """Call `method` on replica i with `args_per_replica[i]`, concurrently; results by replica."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+
+class LocalWorkers:
+    """One role instance in this process."""
+
+    def __init__(self, role: Any):
+        self.role = role
+
+    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
+        (args,) = args_per_replica
+        return [getattr(self.role, method)(*args, **kwargs)]
+
+    def __len__(self) -> int:
+        return 1
+
+    def shutdown(self) -> None:
+        self.role = None
+
+
+def balanced_partition(costs: Sequence[int], parts: int) -> list[list[int]]:
+    """Indices of `costs` dealt into `parts` lists of near-equal total cost (largest first, each
+    to the currently lightest part); each list ascending. Every part gets at least one index when
+    there are enough."""
+    loads = [0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        target = min(range(parts), key=lambda p: (loads[p], len(out[p])))
+        out[target].append(i)
+        loads[target] += costs[i]
+    return [sorted(p) for p in out]
+
+
+def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]], total: int) -> Any:
+    """Put per-replica results for `parts` rows back in the original order (tensors or Batches).
+
+    A result may hold k rows per input row (a rollout returns n samples per prompt, adjacent):
+    row i then expands to rows i*k .. i*k+k-1.
+    """
+    kept = [r for r, part in zip(results, parts) if len(part)]
+    if isinstance(kept[0], tuple):
+        return tuple(merge_rows([r[i] for r in results], parts, total) for i in range(len(kept[0])))
+    k = len(kept[0]) // len(next(p for p in parts if len(p)))
+    order = torch.tensor([i * k + j for part in parts for i in part for j in range(k)], dtype=torch.long)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(total * k)
+    if isinstance(kept[0], Batch):
+        return Batch.concat(_pad_responses(kept)).select(inverse)
+    if isinstance(kept[0], torch.Tensor):
+        width = max(r.shape[1] for r in kept) if kept[0].dim() > 1 else None
+        padded = [r if width is None else torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in kept]
+        return torch.cat(padded)[inverse]
+    raise TypeError(f"cannot merge results of type {type(kept[0]).__name__}")
+
+
+def _pad_responses(batches: Sequence[Batch]) -> list[Batch]:
+    """Right-pad the response block of rollout Batches from different replicas to one width."""
+    width = max(b.response_length for b in batches)
+    prompt = {b.prompt_length for b in batches}
+    if len(prompt) != 1:
+        raise ValueError("replicas returned different prompt widths; prompts must be padded once before splitting")
+    out = []
+    for b in batches:
+        extra = width - b.response_length
+        if extra == 0:
+            out.append(b)
+            continue
+        pad_id = b.meta.get("pad_token_id", 0)
+        fields: dict[str, Any] = {}
+        for name in ("input_ids", "attention_mask", "position_ids", "response_mask", "sample_logprobs",
+                     "old_logprobs", "ref_logprobs", "values", "token_rewards", "advantages", "returns"):
+            value = getattr(b, name)
+            if value is None:
+                continue
+            fill = pad_id if name == "input_ids" else 0
+            if name == "position_ids":
+                tail = value[:, -1:] + torch.arange(1, extra + 1)
+                fields[name] = torch.cat([value, tail], dim=1)
+            else:
+                fields[name] = torch.nn.functional.pad(value, (0, extra), value=fill)
+        out.append(b.with_fields(**fields))
+    return out
+
+
+class WorkerGroup:
+    """The replicas of one role ("actor", "critic" or "rollout")."""
+
+    def __init__(self, role: str, workers: Workers):
+        self.role = role
+        self.workers = workers
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.workers.call(method, [args] * len(self.workers), kwargs)
+
+    def run_split(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Any:
+        if len(self.workers) == 1:
+            return self.workers.call(method, [(batch, *args)], kwargs)[0]
+        costs = batch.num_tokens().tolist()
+        parts = balanced_partition(costs, len(self.workers))
+        shards = [(batch.select(part), *args) for part in parts]
+        results = self.workers.call(method, shards, kwargs)
+        return merge_rows(results, parts, len(batch))
+
+    def shutdown(self) -> None:
+        self.workers.shutdown()
+
+
+def local_device(accelerator: str) -> str:
+    """The torch device of the local backend for devices.accelerator."""
+    if accelerator != "auto":
+        return accelerator
+    if torch.cuda.is_available():
+        return "cuda"
+    return "npu" if hasattr(torch, "npu") and torch.npu.is_available() else "cpu"
+
+
+def build_groups(cfg: Any) -> dict[str, WorkerGroup]:
+    """The actor, critic and rollout groups of the config's backend (roles built in order, so a
+    model error surfaces from the actor first)."""
+    from ppo_trainer.workers.roles import ROLE_CLASSES
+
+    if cfg.devices.backend == "ray":
+        from ppo_trainer.workers.ray_backend import build_ray_groups
+
+        return build_ray_groups(cfg)
+    device = local_device(cfg.devices.accelerator)
+    return {role: WorkerGroup(role, LocalWorkers(cls(cfg, device))) for role, cls in ROLE_CLASSES.items()}

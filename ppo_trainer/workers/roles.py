@@ -1,0 +1,150 @@
+"""The per-device work of each role: plain classes, built from the full config, usable in-process
+(local backend) or inside a Ray actor (ray backend, one instance per device and rank).
+
+Data layout (what a WorkerGroup sends each replica): `update` takes the full batch on every rank
+(the engine deals each mini-batch's rows); `compute_*` and `generate` take that replica's rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from ppo_trainer.batch import Batch
+
+
+def uses_reference(cfg: DictConfig) -> bool:
+    """The reference policy is needed for a KL penalty in the reward or a KL loss."""
+    return cfg.gae.kl_coef > 0 or cfg.algorithm.use_kl_loss
+
+
+def optimizer_steps(cfg: DictConfig, role: str) -> int:
+    """Optimizer steps a role takes over the run (the cosine schedule's horizon)."""
+    per_step = (cfg.data.train_batch_size // cfg.algorithm.ppo_mini_batch_size) * cfg.algorithm.ppo_epochs
+    ppo_steps = cfg.trainer.total_steps
+    if role == "actor":
+        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
+    return per_step * ppo_steps
+
+
+def sequences_per_mini_batch(cfg: DictConfig) -> int:
+    return cfg.algorithm.ppo_mini_batch_size * cfg.sampler.n
+
+
+class ActorRole:
+    """The policy (and the reference policy) on one device."""
+
+    def __init__(self, cfg: DictConfig, device: str):
+        from ppo_trainer.engine.actor import ActorEngine
+        from ppo_trainer.models.loading import resolve_model_path
+
+        self.engine = ActorEngine(
+            cfg.model,
+            resolve_model_path(cfg.model.path),
+            cfg.algorithm,
+            mini_batch_size=sequences_per_mini_batch(cfg),
+            temperature=cfg.sampler.temperature,
+            use_reference=uses_reference(cfg),
+            device=device,
+            total_steps=optimizer_steps(cfg, "actor"),
+            seed=cfg.trainer.seed,
+        )
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self.engine.compute_logprobs(batch)
+
+    def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.engine.compute_logprobs_and_entropy(batch)
+
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self.engine.compute_ref_logprobs(batch)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        return self.engine.update(batch)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights for the rollout engine (rank 0; {} elsewhere); LoRA merged."""
+        return self.engine.full_state_dict()
+
+    def save(self, checkpoint: str) -> None:
+        """HF export into <checkpoint>/actor, resume state into <checkpoint>/state/actor."""
+        self.engine.save_hf(Path(checkpoint) / "actor")
+        self.engine.save_state(Path(checkpoint) / "state" / "actor")
+
+    def load(self, checkpoint: str) -> None:
+        self.engine.load_state(Path(checkpoint) / "state" / "actor")
+
+
+class CriticRole:
+    """The value model on one device."""
+
+    def __init__(self, cfg: DictConfig, device: str):
+        from ppo_trainer.engine.critic import CriticEngine
+        from ppo_trainer.models.loading import resolve_model_path
+
+        self.engine = CriticEngine(
+            cfg.critic,
+            resolve_model_path(cfg.critic.path or cfg.model.path),
+            cfg.algorithm,
+            mini_batch_size=sequences_per_mini_batch(cfg),
+            device=device,
+            total_steps=optimizer_steps(cfg, "critic"),
+            seed=cfg.trainer.seed,
+            attn_implementation=cfg.model.attn_implementation,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        return self.engine.compute_values(batch)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        return self.engine.update(batch)
+
+    def save(self, checkpoint: str) -> None:
+        """HF export into <checkpoint>/critic, resume state into <checkpoint>/state/critic."""
+        self.engine.save_hf(Path(checkpoint) / "critic")
+        self.engine.save_state(Path(checkpoint) / "state" / "critic")
+
+    def load(self, checkpoint: str) -> None:
+        self.engine.load_state(Path(checkpoint) / "state" / "critic")
+
+
+class RolloutRole:
+    """One rollout engine (HF generate or vLLM) with its own copy of the policy weights."""
+
+    def __init__(self, cfg: DictConfig, device: str, initial_weights: Optional[str] = None):
+        from ppo_trainer.models.loading import resolve_model_path
+        from ppo_trainer.rollout import build_sampler
+
+        self.sampler = build_sampler(
+            cfg.sampler,
+            initial_weights or resolve_model_path(cfg.model.path),
+            dtype=cfg.model.dtype,
+            seed=cfg.trainer.seed,
+            max_prompt_length=cfg.data.max_prompt_length,
+            colocate=cfg.devices.colocate,
+            device=device,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False) -> Batch:
+        return self.sampler.generate(batch, n, seed=seed, greedy=greedy)
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.sampler.sync_weights(state_dict)
+
+    def sleep(self) -> None:
+        self.sampler.sleep()
+
+    def wake(self) -> None:
+        self.sampler.wake()
+
+    @property
+    def supports_sleep(self) -> bool:
+        return self.sampler.supports_sleep
+
+
+ROLE_CLASSES: dict[str, Any] = {"actor": ActorRole, "critic": CriticRole, "rollout": RolloutRole}
