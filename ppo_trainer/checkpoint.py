@@ -122,12 +122,21 @@ def save_trainer_state(folder: Path, state: dict[str, Any], rng: dict[str, torch
 
 
 def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The driver's state of a checkpoint, checked before any model loads: the JSON, the RNG
+    tensors (safe loading, tensors only) and the presence of both engines' resume state."""
     try:
         state = json.loads((folder / "trainer.json").read_text())
         rng = torch.load(folder / "rng.pt", weights_only=True)
-    except (OSError, ValueError, RuntimeError) as e:
+        missing = [k for k in ("step", "loader", "kl_ctrl") if k not in state]
+        if missing:
+            raise ValueError(f"trainer.json lacks {', '.join(missing)}")
+        for role in ("actor", "critic"):
+            if not (folder / role).is_dir():
+                raise ValueError(f"no {role} state folder")
+    except (OSError, ValueError, RuntimeError, AttributeError) as e:
         raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; "
-                              "resume from another checkpoint with trainer.resume=PATH") from None
+                              "resume from another checkpoint with trainer.resume=PATH, "
+                              "or start over with trainer.resume=never") from None
     return state, rng
 
 

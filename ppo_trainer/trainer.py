@@ -100,6 +100,7 @@ class Trainer:
         output_dir = Path(cfg.trainer.output_dir)
         check_output_dir(output_dir, cfg)
         resume_from = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
+        resume_state = checkpoint.load_trainer_state(resume_from / "state") if resume_from else None
         tokenizer = load_tokenizer(resolve_model_path(cfg.model.path))
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
@@ -111,7 +112,7 @@ class Trainer:
         groups = build_groups(cfg)
         trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records)
         if resume_from is not None:
-            trainer.load(resume_from)
+            trainer.load(resume_from, *resume_state)
         return trainer
 
     # ------------------------------------------------------------------------------ the loop
@@ -277,10 +278,10 @@ class Trainer:
         log.info("saved %s", folder)
         return folder
 
-    def load(self, folder: Path) -> None:
+    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:
         """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
-        position, KL controller, RNG; then the rollout engine gets the restored weights."""
-        state, rng = checkpoint.load_trainer_state(folder / "state")
+        position, KL controller, RNG (`state`, `rng`: its checked trainer state); then the
+        rollout engine gets the restored weights."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])

@@ -1,0 +1,139 @@
+"""The bad-input table: every case exits 2 with one line naming the key, file or row, before any
+model is loaded (`build_groups` is made to fail the test if reached)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from ppo_trainer.cli import train_main
+
+
+@pytest.fixture(autouse=True)
+def no_model_loading(monkeypatch, tmp_path):
+    def fail(*_args, **_kwargs):
+        raise AssertionError("a model was about to load: the error must come earlier")
+
+    monkeypatch.setattr("ppo_trainer.workers.group.build_groups", fail)
+    monkeypatch.chdir(tmp_path)
+
+
+def run_cli(capsys, *args: str) -> str:
+    """Run ppo-train in-process; assert exit code 2 and one line on stderr; return that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["+experiment=smoke", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+GOOD_ROWS = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(8)]
+
+# (overrides, fragment of the message)
+STATIC_CASES = [
+    (["gae.gama=0.9"], "gae.gama"),
+    (["+gae.gama=0.9"], "gae.gama"),
+    (["+trainer.typo=1"], "trainer.typo"),
+    (["sampler=nope"], "sampler=nope"),
+    (["+experiment=nope"], "experiment=nope"),
+    (["gae.lam=abc"], "gae.lam"),
+    (["sampler.n=1.5"], "sampler.n"),
+    (["trainer.total_steps=ten"], "trainer.total_steps"),
+    (["algorithm.ppo_mini_batch_size=3"], "algorithm.ppo_mini_batch_size"),
+    (["model.optim.lr=0"], "model.optim.lr"),
+    (["sampler.n=0"], "sampler.n"),
+    (["algorithm.clip_ratio_high=1.2"], "algorithm.clip_ratio_high"),
+    (["gae.gamma=2"], "gae.gamma"),
+    (["sampler.temperature=0"], "sampler.temperature"),
+    (["algorithm.ppo_micro_batch_tokens=8"], "algorithm.ppo_micro_batch_tokens"),
+    (["critic.lora.rank=8"], "critic.lora"),
+    (["+critic.lora.rank=8"], "critic.lora"),
+    (["devices.actor.num_devices=2"], "devices.actor.num_devices"),
+    (["model.dtype=fp8"], "model.dtype"),
+    (["trainer.loggers=[console,foo]"], "trainer.loggers"),
+    (["data.train_files=[x.jsonl]"], "data.train_files"),
+]
+
+
+@pytest.mark.parametrize("overrides,fragment", STATIC_CASES, ids=[c[0][0] for c in STATIC_CASES])
+def test_static_config_errors(capsys, overrides, fragment):
+    assert fragment in run_cli(capsys, *overrides)
+
+
+def test_missing_model_path(capsys):
+    assert "/no/such/model" in run_cli(capsys, "model.path=/no/such/model")
+
+
+def test_missing_data_file(capsys):
+    line = run_cli(capsys, "data.source=files", "data.train_files=/no/such/train.jsonl")
+    assert "data.train_files" in line and "/no/such/train.jsonl" in line
+
+
+def test_malformed_jsonl_row_names_file_and_line(capsys, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [*GOOD_ROWS[:2], "{not json", *GOOD_ROWS[2:]])
+    line = run_cli(capsys, "data.source=files", f"data.train_files={bad}", f"data.val_files={bad}")
+    assert f"{bad}:3" in line
+
+
+def test_missing_column_names_the_key(capsys, tmp_path):
+    rows = write_jsonl(tmp_path / "rows.jsonl", GOOD_ROWS)
+    line = run_cli(capsys, "data.source=files", f"data.train_files={rows}", f"data.val_files={rows}",
+                   "data.prompt_key=problem")
+    assert "problem" in line and f"{rows}:1" in line
+
+
+def test_empty_dataset_after_length_filter(capsys):
+    line = run_cli(capsys, "data.max_prompt_length=8", "algorithm.ppo_micro_batch_tokens=64", "sampler.max_new_tokens=8")
+    assert "data.max_prompt_length" in line
+
+
+def test_device_request_larger_than_the_machine(capsys):
+    assert "GPU" in run_cli(capsys, "devices=gpu")
+
+
+def test_vllm_sampler_without_vllm_installed(capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert "pip install" in run_cli(capsys, "sampler=vllm")
+
+
+def test_reward_function_that_does_not_exist(capsys):
+    assert "reward.fn" in run_cli(capsys, "reward.fn=no_such_module:score")
+
+
+def test_output_dir_of_another_model(capsys, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("model:\n  path: some/other-model\n")
+    (out / "checkpoints").mkdir()
+    line = run_cli(capsys, f"trainer.output_dir={out}")
+    assert "some/other-model" in line and "trainer.output_dir" in line
+
+
+def test_corrupt_resume_state(capsys, tmp_path):
+    out = tmp_path / "run"
+    step = out / "checkpoints" / "global_step_2"
+    (step / "state").mkdir(parents=True)
+    (step / "state" / "trainer.json").write_text("{truncated")
+    (out / "checkpoints" / "latest").write_text("global_step_2\n")
+    assert "corrupt resume state" in run_cli(capsys, f"trainer.output_dir={out}")
+
+
+def test_latest_naming_a_missing_checkpoint(capsys, tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "latest").write_text("global_step_9\n")
+    assert "global_step_9" in run_cli(capsys, f"trainer.output_dir={out}")
+
+
+def test_resume_from_a_folder_that_is_not_a_checkpoint(capsys, tmp_path):
+    assert "trainer.resume" in run_cli(capsys, f"trainer.resume={tmp_path}")
