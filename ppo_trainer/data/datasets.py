@@ -1,0 +1,218 @@
+"""Load prompt datasets: a hub dataset, local jsonl/parquet files, or the built-in arithmetic generator.
+
+`load_prompts(cfg, tokenizer, split)` returns `PromptRecord`s: each row's question rendered into
+the model's prompt format and tokenized, with its ground truth. On the way it
+
+- reports malformed rows (invalid JSON, a missing column, a question that is not a string, an
+  answer without a value) by file and line: `data.bad_rows=error` stops with the first one,
+  `data.bad_rows=skip` skips them and logs how many;
+- drops prompts longer than `data.max_prompt_length` tokens and logs how many;
+- raises DataError when nothing is left, naming the source and the filter that emptied it.
+
+Column names come from `data.prompt_key` and `data.answer_key`; the arithmetic generator always
+writes "question" and "answer".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ppo_trainer.config import DataConfig
+from ppo_trainer.data import arithmetic, gsm8k
+
+logger = logging.getLogger("ppo_trainer")
+
+SPLITS = ("train", "val")
+FILES_HINT = "data.source=files data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
+
+
+class DataError(ValueError):
+    """The data cannot be loaded as configured; the one-line message names the key, file or row."""
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a split.
+
+    index: the row's position in its source split (0-based; malformed rows keep their number)
+    question: the question text from the dataset
+    prompt: the text the model continues (chat template applied, assistant turn opened)
+    prompt_ids: the token ids of `prompt`, length <= data.max_prompt_length
+    ground_truth: the final answer as a string, commas stripped (GSM8K: after the last "####")
+    """
+
+    index: int
+    question: str
+    prompt: str
+    prompt_ids: tuple[int, ...]
+    ground_truth: str
+
+
+@dataclass(frozen=True)
+class RawRow:
+    """A row as read from its source; `error` says why it could not even be parsed."""
+
+    where: str  # "path:line" for jsonl, "path row N" for parquet, "name[split] row N" for the hub
+    value: Any = None
+    error: str | None = None
+
+
+def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
+    """The prompts of `split` ("train" or "val") as configured by `cfg` (the `data` group).
+
+    Raises DataError (one line) for a missing file, an unreachable dataset, a malformed row under
+    `data.bad_rows=error`, or a split left empty by the filters.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
+                        "set data.use_chat_template=false")
+    source, rows = read_rows(cfg, split)
+    keys = ("question", "answer") if cfg.source == "arithmetic" else (cfg.prompt_key, cfg.answer_key)
+    examples, skipped = parse_rows(rows, keys, cfg.bad_rows)
+    if skipped:
+        logger.warning("data: skipped %d malformed %s rows of %s (data.bad_rows=skip); the first: %s",
+                       len(skipped), split, source, skipped[0])
+    records, too_long = build_records(examples, cfg, tokenizer)
+    if too_long:
+        logger.info("data: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
+                    too_long, len(examples), split, cfg.max_prompt_length)
+    if not records:
+        raise DataError(
+            f"{source}: no {split} prompts left ({len(examples) + len(skipped)} rows read, "
+            f"{len(skipped)} malformed and skipped, {too_long} longer than "
+            f"data.max_prompt_length={cfg.max_prompt_length} tokens); check the data or raise data.max_prompt_length"
+        )
+    logger.info("data: %d %s prompts from %s", len(records), split, source)
+    return records
+
+
+def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
+    """(a description of the source, its rows) for `split` of `cfg.source`."""
+    if cfg.source == "arithmetic":
+        try:
+            problems = arithmetic.generate_problems(cfg.arithmetic, split)
+        except ValueError as e:
+            raise DataError(str(e)) from None
+        return f"the arithmetic generator ({split})", iter(
+            RawRow(f"arithmetic[{split}] row {i}", row) for i, row in enumerate(problems)
+        )
+    if cfg.source == "files":
+        key = f"data.{split}_files"
+        paths = [Path(p) for p in (cfg.train_files if split == "train" else cfg.val_files)]
+        if not paths:
+            raise DataError(f"{key} is empty; data.source=files needs jsonl or parquet files: {FILES_HINT}")
+        for path in paths:
+            check_file(path, key)
+        return ", ".join(map(str, paths)), (row for path in paths for row in read_file(path))
+    hub_split = cfg.train_split if split == "train" else cfg.val_split
+    return f"{cfg.source}[{hub_split}]", read_hub(cfg.source, cfg.hub_config, hub_split)
+
+
+def check_file(path: Path, key: str) -> None:
+    """Raise DataError naming `key` unless `path` is an existing .jsonl or .parquet file."""
+    if not path.is_file():
+        raise DataError(f"{key}: file not found: {path}")
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
+
+
+def read_file(path: Path) -> Iterator[RawRow]:
+    """Rows of a .jsonl file (blank lines ignored; a line that is not JSON becomes an error row)
+    or of a .parquet file."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, row in enumerate(pq.read_table(path).to_pylist()):
+            yield RawRow(f"{path} row {i}", row)
+        return
+    with path.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                yield RawRow(where, json.loads(line))
+            except json.JSONDecodeError as e:
+                yield RawRow(where, error=f"invalid JSON ({e.msg} at column {e.colno})")
+
+
+def read_hub(name: str, config: str | None, split: str) -> Iterator[RawRow]:
+    """Rows of a hub dataset split through `datasets.load_dataset` (its local cache when offline)."""
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(name, config, split=split)
+    except Exception as e:
+        offline = any(os.environ.get(v, "").lower() in ("1", "on", "yes", "true")
+                      for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+        reason = ("is not in the local Hugging Face cache and the hub is offline" if offline
+                  else f"could not be loaded ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
+        raise DataError(f"data.source={name} (config {config}, split {split}) {reason}; pass local files: {FILES_HINT}") from e
+    return (RawRow(f"{name}[{split}] row {i}", row) for i, row in enumerate(dataset))
+
+
+def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
+    """(question, ground truth) of one row; raises ValueError saying what is wrong with it."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected an object with '{prompt_key}' and '{answer_key}', got {type(row).__name__}")
+    for key in (prompt_key, answer_key):
+        if key not in row:
+            raise ValueError(f"missing key '{key}' (row has: {', '.join(map(str, row)) or 'no keys'})")
+    question, answer = row[prompt_key], row[answer_key]
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"'{prompt_key}' must be a non-empty string, got {type(question).__name__} {question!r:.40}")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise ValueError(f"'{answer_key}' must be a string or a number, got {type(answer).__name__}")
+    try:
+        return question, gsm8k.ground_truth(str(answer))
+    except ValueError as e:
+        raise ValueError(f"'{answer_key}': {e}") from None
+
+
+def parse_rows(
+    rows: Iterator[RawRow], keys: tuple[str, str], bad_rows: str
+) -> tuple[list[tuple[int, str, str]], list[str]]:
+    """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]).
+
+    bad_rows="error" raises DataError at the first malformed row instead, naming it.
+    """
+    examples: list[tuple[int, str, str]] = []
+    skipped: list[str] = []
+    for index, row in enumerate(rows):
+        try:
+            if row.error is not None:
+                raise ValueError(row.error)
+            question, truth = parse_row(row.value, *keys)
+        except ValueError as e:
+            if bad_rows != "skip":
+                raise DataError(f"{row.where}: {e}; fix the row or set data.bad_rows=skip to skip malformed rows") from None
+            skipped.append(f"{row.where}: {e}")
+            continue
+        examples.append((index, question, truth))
+    return examples, skipped
+
+
+def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig, tokenizer: Any) -> tuple[list[PromptRecord], int]:
+    """(records that fit in `cfg.max_prompt_length` tokens, number of prompts dropped as too long)."""
+    try:
+        prompts = [
+            gsm8k.format_prompt(gsm8k.user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
+                                cfg.use_chat_template)
+            for _, question, _ in examples
+        ]
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    ids = tokenizer(prompts, add_special_tokens=not cfg.use_chat_template)["input_ids"] if prompts else []
+    records = [
+        PromptRecord(index, question, prompt, tuple(prompt_ids), truth)
+        for (index, question, truth), prompt, prompt_ids in zip(examples, prompts, ids)
+        if len(prompt_ids) <= cfg.max_prompt_length
+    ]
+    return records, len(examples) - len(records)

@@ -1,0 +1,48 @@
+"""GSM8K conventions: the ground truth of an answer string, and the prompt shown to the model.
+
+A GSM8K answer is worked reasoning that ends in "#### N"; the ground truth is N. Prompts are the
+user message `data.prompt_template.format(question=..., instruction=data.instruction)`, wrapped in
+the model's chat template with the assistant turn opened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ANSWER_MARKER = "####"
+
+
+def ground_truth(answer: str) -> str:
+    """The text after the last "####" (commas and surrounding space stripped).
+
+    An answer without the marker is taken whole, so files whose answer column is just the number
+    work too. Raises ValueError for an empty result.
+    """
+    truth = answer.rpartition(ANSWER_MARKER)[2].replace(",", "").strip()
+    if not truth:
+        raise ValueError(f"answer has nothing after '{ANSWER_MARKER}'")
+    return truth
+
+
+def user_message(question: str, template: str, instruction: str) -> str:
+    """The user turn: `template` with {question} and {instruction} filled in.
+
+    Raises ValueError naming `data.prompt_template` if it has another placeholder.
+    """
+    try:
+        return template.format(question=question.strip(), instruction=instruction)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"data.prompt_template={template!r} cannot be filled ({type(e).__name__}: {e}); "
+            "it may use only {question} and {instruction} (write literal braces as {{ }})"
+        ) from None
+
+
+def format_prompt(message: str, tokenizer: Any, use_chat_template: bool) -> str:
+    """The prompt text the model continues: the chat template with the generation prompt added,
+    or the bare message when `use_chat_template` is False."""
+    if not use_chat_template:
+        return message
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+    )

@@ -1,0 +1,65 @@
+"""`PromptLoader`: seeded, endless batches of prompts whose position can be saved and restored."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ppo_trainer.data.datasets import PromptRecord
+
+
+class PromptLoader:
+    """Yields one list of `batch_size` prompt records per PPO step, forever.
+
+    Each epoch visits every record once, in an order drawn from (seed, epoch) when `shuffle` is
+    on, else in dataset order. A batch that reaches the end of an epoch is completed from the next
+    one, so every batch is full. `state_dict()` holds (epoch, position) and nothing else: a loader
+    restored from it yields exactly the batches the original would have yielded next.
+    """
+
+    def __init__(self, records: Sequence[PromptRecord], batch_size: int, seed: int, shuffle: bool = True) -> None:
+        if not records:
+            raise ValueError("PromptLoader needs at least one record")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.records = records
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0  # records of the current epoch already yielded
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """[N] record indices in the order of `epoch`."""
+        if not self.shuffle:
+            return np.arange(len(self.records))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
+
+    def __iter__(self) -> Iterator[list[PromptRecord]]:
+        return self
+
+    def __next__(self) -> list[PromptRecord]:
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.position == len(self.records):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._epoch_order(self.epoch)
+            take = min(self.batch_size - len(batch), len(self.records) - self.position)
+            batch.extend(self.records[i] for i in self._order[self.position : self.position + take])
+            self.position += take
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """{"epoch", "position"}: where the next batch starts."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()` of a loader over the same records, seed and shuffle."""
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if not 0 <= position <= len(self.records) or epoch < 0:
+            raise ValueError(f"loader state {state} does not fit a dataset of {len(self.records)} records")
+        self.epoch, self.position = epoch, position
+        self._order = self._epoch_order(epoch)

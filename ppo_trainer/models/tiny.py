@@ -1,0 +1,93 @@
+"""A tiny random Llama-architecture causal LM with a character-level tokenizer, built at run time.
+
+Used by tests and smoke runs (`model.path=random:tiny`): it loads through
+`AutoModelForCausalLM`, `AutoTokenizer` and vLLM, yet has ~100 tokens and ~0.1M parameters,
+so every forward pass is instant. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+UNK = "<unk>"
+SPECIAL_TOKENS = (UNK, IM_START, IM_END)
+CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n\t"
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+TINY_ARCHITECTURE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_attention_heads": 2,  # head size 32: vLLM accepts 32, 64, 80, 96, 112, 128, ...
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
+
+
+def tiny_vocab() -> dict[str, int]:
+    """Token -> id: the special tokens first, then one token per printable ASCII character."""
+    tokens = list(SPECIAL_TOKENS) + list(CHARACTERS)
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def build_tiny_tokenizer() -> Any:
+    """A `PreTrainedTokenizerFast` that maps every character to one token (unknown ones to <unk>).
+
+    `<|im_end|>` is both eos and pad; the chat template is ChatML, so
+    `apply_chat_template(messages, add_generation_prompt=True)` ends in "<|im_start|>assistant\\n".
+    """
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = tiny_vocab()
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges: one token per character
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=IM_START,
+        eos_token=IM_END,
+        pad_token=IM_END,
+        unk_token=UNK,
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+    )
+
+
+def build_tiny_model(folder: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random tiny Llama model and its tokenizer into `folder`; return the folder.
+
+    The weights depend only on `seed` and `overrides` (LlamaConfig fields replacing the tiny
+    defaults, e.g. `num_hidden_layers=1`); the global torch RNG is left untouched. The folder holds
+    config.json, generation_config.json, model.safetensors (float32) and the tokenizer files.
+    """
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    tokenizer = build_tiny_tokenizer()
+    special_ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = LlamaConfig(vocab_size=len(tokenizer), **special_ids, **{**TINY_ARCHITECTURE, **overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(**special_ids)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

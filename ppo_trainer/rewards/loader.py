@@ -1,0 +1,68 @@
+"""Reward functions chosen by import path (`reward.fn=module:function`), and scoring a batch."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from typing import Callable, Sequence
+
+from ppo_trainer.config import ConfigError, RewardConfig
+from ppo_trainer.rewards import math as math_reward
+
+RewardFn = Callable[[str, str], float]
+
+
+def load_reward_fn(cfg: RewardConfig) -> RewardFn:
+    """Import `cfg.fn` ("module:function") and return it as `fn(response, ground_truth) -> float`.
+
+    The built-in `ppo_trainer.rewards.math:score` gets `cfg.mode`, `cfg.format_score` and
+    `cfg.correct_score` bound. A user function is called with (response, ground_truth) only: the
+    response text and the dataset's ground-truth string; those three keys do not reach it.
+    Raises ConfigError (one line naming `reward.fn`) if the module or function does not exist.
+    """
+    module_name, sep, fn_name = cfg.fn.partition(":")
+    if not sep or not module_name or not fn_name:
+        raise ConfigError(f"'reward.fn' is {cfg.fn!r}; expected 'module:function', e.g. ppo_trainer.rewards.math:score")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f"'reward.fn' is {cfg.fn!r}, but module '{e.name}' cannot be imported; install it or put it on PYTHONPATH"
+        ) from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but module '{module_name}' has no function '{fn_name}'")
+    if fn is math_reward.score:
+        return functools.partial(
+            math_reward.score, mode=cfg.mode, format_score=cfg.format_score, correct_score=cfg.correct_score
+        )
+    return fn
+
+
+def score_all(
+    reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str], on_error: str = "raise"
+) -> tuple[list[float], int]:
+    """Scores [B] of `responses` against `ground_truths`, and the number of failed calls.
+
+    on_error: "raise" re-raises the first failure (an exception or a non-finite/non-number
+    result) naming the row; "zero" scores that row 0.0 and counts it.
+    """
+    if len(responses) != len(ground_truths):
+        raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
+    scores, errors = [], 0
+    for row, (response, truth) in enumerate(zip(responses, ground_truths)):
+        try:
+            value = reward_fn(response, truth)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"returned {value!r}; a reward must be a finite number")
+            scores.append(float(value))
+        except Exception as e:
+            if on_error != "zero":
+                raise RuntimeError(
+                    f"reward function failed on row {row} (ground truth {truth!r}): {e}; "
+                    "fix it or set reward.on_error=zero to score such rows 0"
+                ) from e
+            scores.append(0.0)
+            errors += 1
+    return scores, errors

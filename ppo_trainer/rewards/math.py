@@ -1,0 +1,85 @@
+"""Rule-based scoring of math answers: strict ("#### N") and flexible (last number in the text).
+
+A number is an optional minus sign, an optional "$", digits (commas only as thousands separators,
+so "1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as "-1250.50". A minus directly after a letter, digit
+or closing bracket is a subtraction ("5-3"), not a sign. Answers compare as decimal numbers, so
+"3.0" equals "3" and "1,000" equals "1000".
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Optional
+
+ANSWER_MARKER = "####"
+
+_NUMBER = r"(?P<sign>(?<![\w)\]])-)?\$?(?P<digits>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+_NUMBER_RE = re.compile(_NUMBER)
+_STRICT_RE = re.compile(r"\s*\$?\s*" + _NUMBER)
+
+
+def _canonical(match: re.Match[str]) -> str:
+    return (match.group("sign") or "") + match.group("digits").replace(",", "")
+
+
+def extract_strict(text: str) -> Optional[str]:
+    """The number right after the last "####" (commas and "$" stripped), or None.
+
+    Only the last marker counts: "#### 5 ... #### none" has no strict answer.
+    """
+    head, marker, tail = text.rpartition(ANSWER_MARKER)
+    if not marker:
+        return None
+    match = _STRICT_RE.match(tail)
+    return _canonical(match) if match else None
+
+
+def extract_flexible(text: str) -> Optional[str]:
+    """The last number anywhere in the text (commas and "$" stripped), or None."""
+    last = None
+    for last in _NUMBER_RE.finditer(text):
+        pass
+    return _canonical(last) if last else None
+
+
+def to_decimal(text: str) -> Optional[Decimal]:
+    """`text` as a Decimal after stripping spaces, commas and "$"; None if it is not a number."""
+    cleaned = text.strip().replace(",", "").replace("$", "")
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def answers_equal(answer: str, ground_truth: str) -> bool:
+    """Numeric equality when both parse as numbers ("3.0" == "3"), else exact match of the stripped text."""
+    a, b = to_decimal(answer), to_decimal(ground_truth)
+    if a is None or b is None:
+        return answer.strip() == ground_truth.strip()
+    return a == b
+
+
+def score(
+    response: str,
+    ground_truth: str,
+    *,
+    mode: str = "strict",
+    format_score: float = 0.0,
+    correct_score: float = 1.0,
+) -> float:
+    """Reward of one response: `correct_score` if its answer equals `ground_truth`,
+    `format_score` if an answer is found but differs, 0.0 if none is found.
+
+    mode: "strict" reads the number after the last "####"; "flexible" the last number in the text.
+    """
+    if mode == "strict":
+        answer = extract_strict(response)
+    elif mode == "flexible":
+        answer = extract_flexible(response)
+    else:
+        raise ValueError(f"reward mode {mode!r} is unknown; use 'strict' or 'flexible'")
+    if answer is None:
+        return 0.0
+    return correct_score if answers_equal(answer, ground_truth) else format_score

@@ -1,0 +1,52 @@
+"""Shared fixtures and the test environment: offline hub, caches and temp files in a throw-away folder.
+
+The converted embedded model (`embedded:smollm2-135m-instruct`, ~30 s to convert) stays in the
+default cache dir (`$PPO_TRAINER_CACHE` or `~/.cache/ppo-trainer`), so a machine converts it once.
+Everything else (Hugging Face cache, vLLM cache, temp files and sockets, Ray auth) lives in a
+folder that is removed when the session ends. The variables are set here, at import, before any
+test module imports huggingface_hub, datasets or vLLM, which read them once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SCRATCH = Path(tempfile.mkdtemp(prefix="ppo-trainer-tests-"))
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+(_SCRATCH / "tmp").mkdir()
+
+os.environ.update(
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    HF_HOME=str(_SCRATCH / "hf"),
+    TOKENIZERS_PARALLELISM="false",
+    RAY_AUTH_MODE="disabled",
+    VLLM_CACHE_ROOT=str(_SCRATCH / "vllm"),
+    TMPDIR=str(_SCRATCH / "tmp"),
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GSM8K_DIR = REPO_ROOT / ".." / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama model and its character tokenizer (seed 0), built once per session."""
+    from ppo_trainer.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir() -> Path:
+    """The shared GSM8K jsonl files (train.jsonl, test.jsonl); skips the test where they are absent."""
+    if not (GSM8K_DIR / "train.jsonl").is_file():
+        pytest.skip(f"GSM8K data not found at {GSM8K_DIR.resolve()}")
+    return GSM8K_DIR.resolve()
