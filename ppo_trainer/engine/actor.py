@@ -1,0 +1,233 @@
+"""`ActorEngine`: the policy (and the reference policy) on FSDP2, as the actor role uses it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ppo_trainer.batch import Batch
+from ppo_trainer.config import AlgorithmConfig, ModelConfig
+from ppo_trainer.core.losses import aggregate, kl_penalty, policy_loss
+from ppo_trainer.engine.distributed import barrier
+from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
+from ppo_trainer.engine.microbatch import GlobalCounts
+from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
+from ppo_trainer.models.critic import save_hf_weights
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+)
+
+
+def _require(batch: Batch, *names: str) -> None:
+    for name in names:
+        if getattr(batch, name) is None:
+            raise ValueError(f"batch.{name} is None; the actor update needs it (compute it before calling update)")
+
+
+class ActorEngine:
+    """The trainable policy, sharded with FSDP2, plus the reference policy when asked for.
+
+    Args:
+        cfg: `model` config (path is resolved by the caller into `model_dir`).
+        model_dir: a Hugging Face causal-LM folder.
+        algorithm: PPO settings (clip ratios, loss aggregation, entropy and KL-loss terms,
+            epochs, micro-batch token budget, shuffling).
+        mini_batch_size: sequences per optimizer step (`algorithm.ppo_mini_batch_size x sampler.n`).
+        temperature: the sampling temperature; logprobs are those of softmax(logits / temperature).
+        use_reference: build the reference policy (needed when gae.kl_coef > 0 or
+            algorithm.use_kl_loss). With LoRA it is the same module with the adapter disabled;
+            otherwise a frozen copy of the initial weights, sharded like the actor.
+        device: "cpu", "cuda", "cuda:N" or "npu".
+        total_steps: optimizer steps over the whole run (for the cosine schedule).
+        seed: seeds the mini-batch shuffling.
+
+    Every method is a collective call: all ranks call it. `update` takes the full batch on every
+    rank; the `compute_*` methods take each rank's own rows.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        model_dir: str | Path,
+        algorithm: AlgorithmConfig,
+        *,
+        mini_batch_size: int,
+        temperature: float = 1.0,
+        use_reference: bool = False,
+        device: str | torch.device = "cpu",
+        total_steps: Optional[int] = None,
+        seed: int = 0,
+    ) -> None:
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.algorithm = algorithm
+        self.mini_batch_size = mini_batch_size
+        self.temperature = temperature
+        self.seed = seed
+        lm = load_causal_lm(
+            str(model_dir),
+            attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            lora=cfg.lora,
+        )
+        self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
+        self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
+        self.engine = FSDPEngine(
+            self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim, total_steps
+        )
+        self.reference: Optional[FSDPEngine] = None
+        self.use_reference = use_reference
+        if use_reference and not self.policy.is_lora:
+            frozen = CausalLMPolicy(  # stored in the compute dtype: it is never updated
+                load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
+                               trust_remote_code=cfg.trust_remote_code, dtype=compute_dtype(cfg.dtype)),
+                cfg.logprob_chunk_tokens,
+            )
+            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, cfg.dtype, cfg.cpu_offload)
+
+    @property
+    def rank(self) -> int:
+        return self.engine.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.engine.world_size
+
+    # ----------------------------------------------------------------------------- scoring
+
+    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool) -> list[torch.Tensor]:
+        _require(batch, "response_mask")
+
+        def fn(micro: Batch) -> tuple[torch.Tensor, ...]:
+            logp, ent = engine.module(
+                micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
+                self.temperature, with_entropy,
+            )
+            return (logp,) if ent is None else (logp, ent)
+
+        return engine.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, fn)
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, T] float32 logprobs of the response tokens under the current policy (0 on padding)."""
+        return self._score(self.engine, batch, with_entropy=False)[0]
+
+    def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding)."""
+        logp, ent = self._score(self.engine, batch, with_entropy=True)
+        return logp, ent
+
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, T] logprobs under the reference policy (the initial weights)."""
+        if not self.use_reference:
+            raise RuntimeError("the reference policy was not built (use_reference=False)")
+        if self.reference is not None:
+            return self._score(self.reference, batch, with_entropy=False)[0]
+        with self.policy.adapter_disabled():
+            return self._score(self.engine, batch, with_entropy=False)[0]
+
+    # ----------------------------------------------------------------------------- training
+
+    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This micro-batch's share of the mini-batch loss (aggregated with the mini-batch's global
+        counts): clipped policy loss, minus entropy_coef x entropy, plus kl_loss_coef x KL to the
+        reference; and its shares of the logged statistics."""
+        a = self.algorithm
+        with_entropy = a.entropy_coef > 0
+        logp, ent = self.engine.module(
+            micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask, self.temperature,
+            with_entropy,
+        )
+        mask = micro.response_mask
+        norm = {"global_tokens": counts.tokens, "global_seqs": counts.seqs}
+        pg = policy_loss(
+            logp, micro.old_logprobs, micro.advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.dual_clip,
+            a.loss_agg_mode, **norm,
+        )
+        share = mask.sum() / counts.tokens  # this micro-batch's part of the mini-batch's tokens
+        loss = pg.loss
+        stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
+        if ent is not None:
+            loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_agg_mode, **norm)
+            stats["entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
+        if a.use_kl_loss:
+            kl = aggregate(kl_penalty(logp, micro.ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
+            loss = loss + a.kl_loss_coef * kl
+            stats["kl_loss"] = kl.detach()
+        return loss, stats
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO policy update on the full batch (identical on every rank).
+
+        `algorithm.ppo_epochs` passes, mini-batches of `mini_batch_size` sequences, one optimizer
+        step each. Needs old_logprobs, advantages (and ref_logprobs with use_kl_loss). Returns the
+        means over mini-batches of actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl, actor/grad_norm,
+        actor/lr, plus actor/entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
+        """
+        _require(batch, "response_mask", "old_logprobs", "advantages")
+        if self.algorithm.use_kl_loss:
+            _require(batch, "ref_logprobs")
+        a = self.algorithm
+        stats = self.engine.train(batch, self.micro_batch_loss, self.mini_batch_size, a.ppo_epochs,
+                                  a.ppo_micro_batch_tokens, a.shuffle_mini_batches, self.seed)
+        return {f"actor/{k}": v for k, v in stats.items()}
+
+    # ----------------------------------------------------------------------------- export
+
+    def _gathered(self) -> dict[str, torch.Tensor]:
+        """Full float32 state on rank 0 with the wrapper prefix removed ({} elsewhere)."""
+        return {k[len("lm.") :]: v for k, v in self.engine.full_state_dict().items()}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full float32 weights of the current policy, with Hugging Face names, on rank 0 ({}
+        elsewhere), for weight sync and exports. With LoRA: the adapter merged into the base
+        weights, under the base model's names."""
+        state = self._gathered()
+        if state and self.policy.is_lora:
+            state = merge_lora_state_dict(state, self.lora_scalings)
+        return state
+
+    def save_hf(self, folder: str | Path) -> None:
+        """Hugging Face export into `folder`: config, model.safetensors (compute dtype) and the
+        tokenizer files of the model folder; with LoRA the adapter (adapter_config.json,
+        adapter_model.safetensors) instead of the weights."""
+        folder = Path(folder)
+        state = self._gathered()
+        if self.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            hf_model = self.policy.hf_model
+            if self.policy.is_lora:
+                from peft import get_peft_model_state_dict
+                from safetensors.torch import save_file
+
+                adapter = get_peft_model_state_dict(self.policy.lm, state_dict=state)
+                self.policy.lm.peft_config["default"].save_pretrained(str(folder))
+                save_file({k: v.contiguous() for k, v in adapter.items()}, folder / "adapter_model.safetensors",
+                          metadata={"format": "pt"})
+            else:
+                save_hf_weights(folder, hf_model.config, state, compute_dtype(self.cfg.dtype))
+                if getattr(hf_model, "generation_config", None) is not None:
+                    hf_model.generation_config.save_pretrained(folder)
+            for name in TOKENIZER_FILES:
+                if (self.model_dir / name).is_file():
+                    shutil.copyfile(self.model_dir / name, folder / name)
+        barrier()
+
+    def save_state(self, folder: str | Path) -> None:
+        """Exact-resume state (trainable fp32 weights, AdamW, schedule) into `folder` (DCP)."""
+        self.engine.save_state(folder)
+
+    def load_state(self, folder: str | Path) -> None:
+        """Restore `save_state`'s folder into this (freshly built) engine."""
+        self.engine.load_state(folder)

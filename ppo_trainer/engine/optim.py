@@ -1,0 +1,79 @@
+"""AdamW and its learning-rate schedule (linear warm-up, then constant or cosine)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ppo_trainer.config import CriticConfig, OptimConfig
+
+
+def critic_optim_config(cfg: CriticConfig) -> OptimConfig:
+    """The critic's optimizer settings as an `OptimConfig` (AdamW defaults for betas/eps)."""
+    return OptimConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        schedule=cfg.schedule,
+        grad_clip=cfg.grad_clip,
+    )
+
+
+def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters of `module` (after sharding: DTensor shards).
+
+    Weight decay applies to matrices only; norms, biases and other 1-D parameters are not
+    decayed. The fused kernel is used on CPU and CUDA (the devices whose fused AdamW is known to
+    work with FSDP2's DTensor parameters); elsewhere the default (foreach) implementation.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters (all requires_grad=False)")
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(float(cfg.betas[0]), float(cfg.betas[1])),
+        eps=cfg.eps,
+        fused=True if device.type in ("cpu", "cuda") else None,
+    )
+
+
+def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | None, min_lr_ratio: float) -> float:
+    """Multiplier of the base learning rate for the optimizer step with 0-based index `step`.
+
+    Warm-up: (step + 1) / warmup_steps for the first `warmup_steps` steps, so the first step
+    already moves. Then 1 (constant), or a cosine from 1 down to `min_lr_ratio` at `total_steps`
+    (held there afterwards).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}; expected constant or cosine")
+    if total_steps is None:
+        raise ValueError("schedule=cosine needs the total number of optimizer steps (total_steps)")
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR applying `lr_factor`; call `.step()` once after each optimizer step.
+
+    `total_steps` (optimizer steps over the whole run) is needed only by the cosine schedule.
+    """
+    if cfg.schedule == "cosine" and total_steps is None:
+        raise ValueError("schedule=cosine needs the total number of optimizer steps (total_steps)")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(step, cfg.warmup_steps, cfg.schedule, total_steps, cfg.min_lr_ratio),
+    )

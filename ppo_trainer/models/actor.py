@@ -1,0 +1,209 @@
+"""The policy: a causal LM (optionally with a peft LoRA adapter) that scores response tokens.
+
+Alignment (B rows, P prompt columns, T response columns, prompts left-padded, responses
+right-padded): the logprob of response token t (column P+t) comes from the logits at position
+P+t-1, i.e. from the hidden state after the prompt and response tokens 0..t-1.
+
+Logprobs and entropies are those of the policy that was sampled: softmax(logits / temperature).
+They are computed from the hidden states of the valid response positions only, in chunks of
+`chunk_tokens` tokens (lm_head -> float32 -> / temperature -> log-softmax), so that at most a
+[chunk_tokens, V] float32 block of logits exists at a time instead of [B, T, V] (V is ~150k for
+Qwen). With gradients enabled each chunk is checkpointed: its logits are recomputed in backward
+rather than kept alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ppo_trainer.config import LoraConfig
+
+
+def load_causal_lm(
+    model_dir: str,
+    *,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    lora: Optional[LoraConfig] = None,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """A causal LM from an HF folder, in float32 by default (the master weights of a trained
+    model; FSDP casts them for compute). A frozen model may be loaded in its compute dtype.
+
+    With `lora.rank > 0` the result is a peft `PeftModel` whose base weights are frozen and whose
+    LoRA B matrices start at zero (so the adapter starts as the identity).
+    """
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    lm.config.use_cache = False
+    if gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None and lora.rank > 0:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        lm = get_peft_model(
+            lm,
+            PeftLoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                bias="none",
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return lm
+
+
+def response_logprobs(
+    hidden: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probabilities (and entropies) of `labels` under softmax(lm_head(hidden) / temperature).
+
+    =========  =========  ======================================================
+    hidden     [N, H]     hidden states of the positions that predict `labels`
+    labels     [N]        token ids
+    return     [N], [N]   float32 logprobs, and entropies (None unless asked)
+    =========  =========  ======================================================
+
+    Works chunk by chunk (`chunk_tokens` rows); under autograd each chunk is checkpointed, so
+    neither the forward nor the backward holds more than one chunk's [chunk, V] logits.
+    """
+
+    def chunk_fn(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = torch.log_softmax(lm_head(h).float() / temperature, dim=-1)
+        logp = log_probs.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        # -sum p log p from the log-probabilities: logsumexp(z) - sum(p z) cancels two large
+        # numbers and loses ~1e-4 in float32 once logits reach ~25
+        ent = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else torch.zeros_like(logp)
+        return logp, ent
+
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+    logps, ents = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, y = hidden[start : start + chunk_tokens], labels[start : start + chunk_tokens]
+        logp, ent = checkpoint(chunk_fn, h, y, use_reentrant=False) if grad else chunk_fn(h, y)
+        logps.append(logp)
+        ents.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+class CausalLMPolicy(nn.Module):
+    """A causal LM whose forward returns response-token logprobs (and entropies), not logits.
+
+    Being one module (the FSDP root), its forward runs under FSDP's hooks: the backbone through
+    the sharded decoder layers, then the chunked lm_head.
+    """
+
+    def __init__(self, lm: nn.Module, chunk_tokens: int = 1024) -> None:
+        super().__init__()
+        self.lm = lm
+        self.chunk_tokens = chunk_tokens
+
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.lm, "peft_config")
+
+    @property
+    def hf_model(self) -> nn.Module:
+        """The transformers model (with LoRA layers injected, when there is an adapter)."""
+        return self.lm.get_base_model() if self.is_lora else self.lm
+
+    def decoder_layers(self) -> list[nn.Module]:
+        """The transformer blocks, the units FSDP shards separately."""
+        return list(self.hf_model.get_decoder().layers)
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """Within the block the module computes the base model (the reference policy)."""
+        if not self.is_lora:
+            raise RuntimeError("adapter_disabled() needs a LoRA adapter; without LoRA use a frozen copy")
+        with self.lm.disable_adapter():
+            yield
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        temperature: float,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Logprobs [B, T] (and entropies [B, T]) of the response tokens; 0 where response_mask is 0.
+
+        input_ids, attention_mask, position_ids: [B, P+T]; response_mask: [B, T] (T >= 1, P >= 1).
+        """
+        T = response_mask.shape[1]
+        P = input_ids.shape[1] - T
+        hidden = self.hf_model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        valid = response_mask.bool()
+        predicting = hidden[:, P - 1 : P + T - 1][valid]  # [N, H]: the state before each valid token
+        labels = input_ids[:, P:][valid]
+        logp, ent = response_logprobs(
+            predicting, self.hf_model.get_output_embeddings(), labels, temperature, self.chunk_tokens, with_entropy
+        )
+        logprobs = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device).masked_scatter(valid, logp)
+        entropy = None
+        if ent is not None:
+            entropy = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device).masked_scatter(valid, ent)
+        return logprobs, entropy
+
+
+def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:
+    """(scaling = alpha / r, fan_in_fan_out) per adapted module, keyed by its name in `policy.lm`."""
+    from peft.tuners.lora import LoraLayer
+
+    scalings = {}
+    for name, module in policy.lm.named_modules():
+        if isinstance(module, LoraLayer) and "default" in module.scaling:
+            scalings[name] = (float(module.scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
+    return scalings
+
+
+def merge_lora_state_dict(
+    state: dict[str, torch.Tensor], scalings: dict[str, tuple[float, bool]]
+) -> dict[str, torch.Tensor]:
+    """A PeftModel state dict (keys as in `PeftModel.state_dict()`) -> the merged base model's.
+
+    W = W_base + scaling * B @ A for every adapted module; keys lose the
+    "base_model.model." prefix and the ".base_layer" infix, LoRA matrices are dropped.
+    """
+    merged: dict[str, torch.Tensor] = {}
+    prefix = "base_model.model."
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        module, _, leaf = key.rpartition(".")
+        if module.endswith(".base_layer"):
+            module = module[: -len(".base_layer")]
+            if leaf == "weight" and module in scalings:
+                scaling, fan_in_fan_out = scalings[module]
+                delta = state[f"{module}.lora_B.default.weight"] @ state[f"{module}.lora_A.default.weight"]
+                value = value + scaling * (delta.T if fan_in_fan_out else delta)
+        name = f"{module}.{leaf}"
+        merged[name[len(prefix) :] if name.startswith(prefix) else name] = value
+    return merged

@@ -1,0 +1,164 @@
+"""The value model: a transformer backbone plus a Linear(hidden, 1) value head.
+
+Alignment (B rows, P prompt columns, T response columns; prompts left-padded, responses
+right-padded): values[:, t] = V(s_t), the value of the state *before* response token t is chosen,
+i.e. after the prompt and response tokens 0..t-1. It is read from the hidden state at position
+P+t-1, the same position whose logits give the policy's distribution over token t. (Reading it at
+P+t would let the critic see the action it is supposed to evaluate in advance, the classic
+off-by-one of PPO for language models.) GAE then uses V(s_t) and V(s_{t+1}) = values[:, t+1].
+
+Folder format (`save_pretrained`): the backbone as a plain Hugging Face model folder (config.json +
+model.safetensors, loadable with `AutoModel`), plus `value_head.safetensors` (weight [1, H],
+bias [1]) and `value_head.json` (hidden size and format version). `from_pretrained` accepts such a
+folder, or any causal-LM / base-model folder, in which case the head is freshly initialised.
+
+Head initialisation: zeros. The first values are then exactly 0 for every state, which is also
+the scale of the returns at the start (scores in [0, 1] land on the last token only); a random
+head would add seed-dependent noise to the first advantages. The head still learns from the first
+step (its gradient is dL/dV * hidden, which is non-zero); the backbone starts receiving gradient
+once the head is non-zero, one step later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+VALUE_HEAD_WEIGHTS = "value_head.safetensors"
+VALUE_HEAD_CONFIG = "value_head.json"
+FORMAT = "ppo_trainer.value_model/1"
+
+
+def _reject_lora_folder(path: Path) -> None:
+    if (path / "adapter_config.json").is_file():
+        raise ValueError(
+            f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
+            "full-parameter and LoRA is not supported for it: point critic.path at a full model "
+            "(merge the adapter into its base model first)"
+        )
+
+
+class ValueModel(nn.Module):
+    """V(s_t) for every response token: backbone hidden state at P+t-1 -> Linear(H, 1).
+
+    The head runs in float32 on a float32 copy of the hidden state, whatever the backbone's
+    compute dtype.
+    """
+
+    def __init__(self, backbone: nn.Module, value_head: Optional[nn.Linear] = None) -> None:
+        super().__init__()
+        self.backbone = backbone
+        if value_head is None:
+            value_head = nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32)
+            nn.init.zeros_(value_head.weight)
+            nn.init.zeros_(value_head.bias)
+        self.value_head = value_head
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+        gradient_checkpointing: bool = False,
+    ) -> "ValueModel":
+        """Load a saved value model, or a backbone (e.g. the actor's causal LM) with a zero head.
+
+        Weights are float32 (the master copy; FSDP casts for compute).
+        """
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        path = Path(path)
+        _reject_lora_folder(path)
+        backbone = AutoModel.from_pretrained(
+            path, dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+        )
+        backbone.config.use_cache = False
+        if gradient_checkpointing:
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = cls(backbone)
+        if (path / VALUE_HEAD_CONFIG).is_file():
+            head = load_file(path / VALUE_HEAD_WEIGHTS)
+            model.value_head.load_state_dict({k: v.float() for k, v in head.items()})
+        return model
+
+    def decoder_layers(self) -> list[nn.Module]:
+        """The transformer blocks, the units FSDP shards separately."""
+        return list(self.backbone.get_decoder().layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_length: int,
+    ) -> torch.Tensor:
+        """values [B, T] float32, values[:, t] = V(s_t) from the hidden state at P+t-1.
+
+        input_ids, attention_mask, position_ids: [B, P+T] with T = response_length >= 1, P >= 1.
+        Padding positions get whatever the head computes there; mask them downstream.
+        """
+        T = response_length
+        P = input_ids.shape[1] - T
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        before_token = hidden[:, P - 1 : P + T - 1]  # [B, T, H]: the state before token t
+        flat = before_token.reshape(-1, hidden.shape[-1]).to(self.value_head.weight.dtype)
+        # a fresh tensor, not a view: FSDP hooks the outputs of its modules for backward
+        return self.value_head(flat).reshape(input_ids.shape[0], T).float().clone()
+
+    def save_pretrained(
+        self,
+        folder: str | Path,
+        state_dict: Optional[dict[str, torch.Tensor]] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        """Write the folder format described in the module docstring.
+
+        `state_dict` (keys as in `self.state_dict()`, e.g. gathered from FSDP shards) replaces the
+        module's own tensors; `dtype` casts the backbone (the head is always saved in float32).
+        """
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict() if state_dict is None else state_dict
+        backbone = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
+        head = {k[len("value_head.") :]: v.float().contiguous() for k, v in state.items()
+                if k.startswith("value_head.")}
+        save_hf_weights(folder, self.backbone.config, backbone, dtype)
+        save_file(head, folder / VALUE_HEAD_WEIGHTS)
+        info = {"format": FORMAT, "hidden_size": int(head["weight"].shape[1]), "init": "zeros"}
+        (folder / VALUE_HEAD_CONFIG).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def save_hf_weights(
+    folder: Path, config: object, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None
+) -> None:
+    """config.json + model.safetensors for `state` (HF key names), optionally cast to `dtype`.
+
+    Tensors that share storage (tied embeddings) are cloned, as safetensors requires.
+    """
+    import copy
+
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(config)
+    if dtype is not None:
+        config.dtype = dtype
+    config.save_pretrained(folder)
+    seen: set[int] = set()
+    out = {}
+    for key, value in state.items():
+        value = value.detach().to(dtype or value.dtype).contiguous()
+        ptr = value.untyped_storage().data_ptr()
+        out[key] = value.clone() if ptr in seen else value
+        seen.add(ptr)
+    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})

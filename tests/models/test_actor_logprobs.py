@@ -1,0 +1,185 @@
+"""The policy's response logprobs: chunked == full softmax, alignment, temperature, LoRA reference."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ppo_trainer.config import LoraConfig
+from ppo_trainer.models.actor import (
+    CausalLMPolicy,
+    load_causal_lm,
+    lora_scalings,
+    merge_lora_state_dict,
+    response_logprobs,
+)
+
+
+class PeakMemory(TorchDispatchMode):
+    """Peak bytes of CPU tensor storages created inside the block and alive at the same time.
+
+    Storages are tracked from the op that creates them until they are freed (weakref finalizer;
+    PyTorch keeps a storage's Python object alive as long as the storage itself), so tensors saved
+    for backward count until backward releases them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _release(self, key: int) -> None:
+        self.current -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self.live:
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+                    weakref.finalize(storage, self._release, key)
+        return out
+
+
+def full_softmax(hidden, lm_head, labels, temperature):
+    logits = lm_head(hidden).float() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return log_probs.gather(-1, labels[:, None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
+
+
+def big_vocab_case(n_tokens=96, hidden_size=16, vocab=32768):
+    gen = torch.Generator().manual_seed(0)
+    lm_head = torch.nn.Linear(hidden_size, vocab, bias=False)
+    with torch.no_grad():
+        lm_head.weight.copy_(torch.randn(vocab, hidden_size, generator=gen))
+    hidden = torch.randn(n_tokens, hidden_size, generator=gen, requires_grad=True)
+    labels = torch.randint(0, vocab, (n_tokens,), generator=gen)
+    return hidden, lm_head, labels
+
+
+def test_chunked_logprobs_and_entropy_equal_full_softmax_values_and_gradients():
+    hidden, lm_head, labels = big_vocab_case()
+    logp, ent = response_logprobs(hidden, lm_head, labels, temperature=0.7, chunk_tokens=10, with_entropy=True)
+    (logp.sum() + 0.3 * ent.sum()).backward()
+    grads = hidden.grad.clone(), lm_head.weight.grad.clone()
+    hidden.grad, lm_head.weight.grad = None, None
+
+    ref_logp, ref_ent = full_softmax(hidden, lm_head, labels, 0.7)
+    (ref_logp.sum() + 0.3 * ref_ent.sum()).backward()
+
+    torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=1e-4, rtol=1e-4)  # float32 sums over 32k terms
+    torch.testing.assert_close(grads[1], lm_head.weight.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_logprobs_use_less_peak_memory_than_full_softmax():
+    hidden, lm_head, labels = big_vocab_case()
+    n_tokens, vocab, chunk = hidden.shape[0], lm_head.out_features, 8
+
+    with PeakMemory() as chunked:
+        logp, ent = response_logprobs(hidden, lm_head, labels, 1.0, chunk_tokens=chunk, with_entropy=True)
+        (logp.sum() + ent.sum()).backward()
+    hidden.grad, lm_head.weight.grad = None, None
+    with PeakMemory() as full:
+        ref_logp, ref_ent = full_softmax(hidden, lm_head, labels, 1.0)
+        (ref_logp.sum() + ref_ent.sum()).backward()
+
+    full_logits_bytes = n_tokens * vocab * 4
+    assert full.peak >= full_logits_bytes  # the [N, V] float32 logits exist at once
+    assert chunked.peak < full_logits_bytes  # ... and never in the chunked computation
+    assert chunked.peak * 3 < full.peak
+
+
+def make_batch(rows: list[tuple[list[int], list[int]]], pad_id: int = 0):
+    """input_ids, attention_mask, position_ids, response_mask for (prompt ids, response ids) rows."""
+    P = max(len(p) for p, _ in rows)
+    T = max(len(r) for _, r in rows)
+    ids = torch.full((len(rows), P + T), pad_id)
+    attn = torch.zeros(len(rows), P + T, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        ids[i, P - len(p) : P] = torch.tensor(p)
+        ids[i, P : P + len(r)] = torch.tensor(r)
+        attn[i, P - len(p) : P + len(r)] = 1
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    return ids, attn, pos, attn[:, P:].clone()
+
+
+ROWS = [([5, 9, 14, 3], [20, 21, 22]), ([7, 8], [30, 31, 32, 33, 34]), ([11, 12, 13], [40])]
+
+
+def test_logprob_of_token_t_comes_from_position_P_plus_t_minus_1_at_temperature(tiny_model_dir):
+    lm = load_causal_lm(str(tiny_model_dir))
+    policy = CausalLMPolicy(lm, chunk_tokens=3).eval()
+    with torch.no_grad():
+        for i, (prompt, response) in enumerate(ROWS):  # each row alone, unpadded, as ground truth
+            ids = torch.tensor([prompt + response])
+            logits = lm(input_ids=ids).logits[0].float() / 0.6
+            expected = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt) :, None])[:, 0]
+            ids_b, attn, pos, mask = make_batch(ROWS)
+            logp, _ = policy(ids_b, attn, pos, mask, temperature=0.6)
+            torch.testing.assert_close(logp[i, : len(response)], expected, atol=1e-5, rtol=0)
+            assert torch.all(logp[i, len(response) :] == 0)
+
+
+def test_lora_reference_equals_base_model_exactly_and_zero_B_actor_equals_reference(tiny_model_dir):
+    base = CausalLMPolicy(load_causal_lm(str(tiny_model_dir))).eval()
+    lora = CausalLMPolicy(load_causal_lm(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8))).eval()
+    batch = make_batch(ROWS)
+    with torch.no_grad():
+        base_logp, _ = base(*batch, temperature=1.0)
+        actor_logp, _ = lora(*batch, temperature=1.0)  # lora_B starts at zero: the identity
+        with lora.adapter_disabled():
+            ref_logp, _ = lora(*batch, temperature=1.0)
+        assert torch.equal(actor_logp, ref_logp)
+        assert torch.equal(ref_logp, base_logp)
+
+        for name, p in lora.named_parameters():  # move the adapter away from the identity
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+        moved, _ = lora(*batch, temperature=1.0)
+        with lora.adapter_disabled():
+            ref_after, _ = lora(*batch, temperature=1.0)
+    assert (moved - base_logp).abs().max() > 1e-3
+    assert torch.equal(ref_after, base_logp)
+
+
+def test_merged_lora_state_dict_loads_into_the_plain_model_with_the_adapters_outputs(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    lora = CausalLMPolicy(load_causal_lm(str(tiny_model_dir), lora=LoraConfig(rank=4, alpha=8))).eval()
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    merged = merge_lora_state_dict(lora.lm.state_dict(), lora_scalings(lora))
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert set(merged) == set(plain.state_dict())
+    plain.load_state_dict(merged)
+    batch = make_batch(ROWS)
+    with torch.no_grad():
+        expected, _ = lora(*batch, temperature=1.0)
+        got, _ = CausalLMPolicy(plain).eval()(*batch, temperature=1.0)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 1024])
+def test_policy_logprobs_do_not_depend_on_the_chunk_size(tiny_model_dir, chunk_tokens):
+    lm = load_causal_lm(str(tiny_model_dir))
+    batch = make_batch(ROWS)
+    with torch.no_grad():
+        ref, ref_ent = CausalLMPolicy(lm, chunk_tokens=10_000).eval()(*batch, temperature=0.8, with_entropy=True)
+        got, ent = CausalLMPolicy(lm, chunk_tokens=chunk_tokens).eval()(*batch, temperature=0.8, with_entropy=True)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-6, rtol=0)
+    assert torch.all(ent[batch[3] == 0] == 0)
+    assert torch.all(ent[batch[3] == 1] > 0)

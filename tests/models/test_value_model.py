@@ -1,0 +1,107 @@
+"""ValueModel: V(s_t) alignment, shapes, zero-initialised head, save/load round trip, no LoRA."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ppo_trainer.models.critic import VALUE_HEAD_CONFIG, ValueModel
+
+
+def make_batch(rows: list[tuple[list[int], list[int]]], pad_id: int = 0):
+    P = max(len(p) for p, _ in rows)
+    T = max(len(r) for _, r in rows)
+    ids = torch.full((len(rows), P + T), pad_id)
+    attn = torch.zeros(len(rows), P + T, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        ids[i, P - len(p) : P] = torch.tensor(p)
+        ids[i, P : P + len(r)] = torch.tensor(r)
+        attn[i, P - len(p) : P + len(r)] = 1
+    return ids, attn, (attn.cumsum(1) - 1).clamp(min=0), T
+
+
+PROMPT, RESPONSE = [5, 9, 14, 3], [20, 21, 22, 23]
+ROWS = [(PROMPT, RESPONSE), ([7, 8], [30, 31])]
+
+
+@pytest.fixture(scope="module")
+def value_model(tiny_model_dir):
+    model = ValueModel.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():  # a non-zero head, so values carry information
+        model.value_head.weight.normal_(0, 1, generator=torch.Generator().manual_seed(0))
+        model.value_head.bias.fill_(0.25)
+    return model
+
+
+def test_fresh_head_is_zero_so_first_values_are_zero(tiny_model_dir):
+    model = ValueModel.from_pretrained(tiny_model_dir)
+    ids, attn, pos, T = make_batch(ROWS)
+    with torch.no_grad():
+        values = model(ids, attn, pos, T)
+    assert values.shape == (2, T) and values.dtype == torch.float32
+    assert torch.all(values == 0)
+
+
+def test_value_of_token_t_is_read_from_the_state_before_t(value_model):
+    """values[t] = head(hidden at P+t-1): the backbone run on prompt + response[:t] alone."""
+    ids, attn, pos, T = make_batch(ROWS)
+    with torch.no_grad():
+        values = value_model(ids, attn, pos, T)
+        for t in range(len(RESPONSE)):
+            prefix = torch.tensor([PROMPT + RESPONSE[:t]])
+            hidden = value_model.backbone(input_ids=prefix).last_hidden_state[0, -1]
+            expected = value_model.value_head(hidden)[0]
+            torch.testing.assert_close(values[0, t], expected, atol=1e-5, rtol=0)
+
+
+def test_changing_response_token_t_changes_values_after_t_only(value_model):
+    ids, attn, pos, T = make_batch(ROWS)
+    P = ids.shape[1] - T
+    changed = ids.clone()
+    changed[0, P + 1] = 40  # response token t = 1
+    with torch.no_grad():
+        before = value_model(ids, attn, pos, T)
+        after = value_model(changed, attn, pos, T)
+    assert torch.equal(before[0, :2], after[0, :2])  # V(s_0), V(s_1): chosen before token 1 is seen
+    assert torch.all((before[0, 2:] - after[0, 2:]).abs() > 1e-6)
+    assert torch.equal(before[1], after[1])
+
+
+def test_left_padding_does_not_change_values(value_model):
+    ids, attn, pos, T = make_batch(ROWS)
+    alone_ids, alone_attn, alone_pos, alone_T = make_batch(ROWS[1:])
+    with torch.no_grad():
+        padded = value_model(ids, attn, pos, T)[1, :2]
+        alone = value_model(alone_ids, alone_attn, alone_pos, alone_T)[0]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
+def test_save_and_reload_give_identical_values(value_model, tmp_path):
+    value_model.save_pretrained(tmp_path / "critic")
+    assert json.loads((tmp_path / "critic" / VALUE_HEAD_CONFIG).read_text())["hidden_size"] == 64
+    reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
+    ids, attn, pos, T = make_batch(ROWS)
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids, attn, pos, T), value_model(ids, attn, pos, T))
+
+
+def test_backbone_of_a_saved_value_model_loads_with_automodel(value_model, tmp_path):
+    from transformers import AutoModel
+
+    value_model.save_pretrained(tmp_path / "critic")
+    backbone = AutoModel.from_pretrained(tmp_path / "critic", dtype=torch.float32)
+    for key, value in value_model.backbone.state_dict().items():
+        assert torch.equal(backbone.state_dict()[key], value)
+
+
+def test_lora_adapter_folder_is_rejected_for_the_critic(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]))
+    model.save_pretrained(tmp_path / "adapter")
+    with pytest.raises(ValueError, match="full-parameter"):
+        ValueModel.from_pretrained(tmp_path / "adapter")
