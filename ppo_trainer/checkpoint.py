@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -133,7 +134,7 @@ def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
         for role in ("actor", "critic"):
             if not (folder / role).is_dir():
                 raise ValueError(f"no {role} state folder")
-    except (OSError, ValueError, RuntimeError, AttributeError) as e:
+    except (OSError, ValueError, RuntimeError, AttributeError, pickle.UnpicklingError, EOFError) as e:
         raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; "
                               "resume from another checkpoint with trainer.resume=PATH, "
                               "or start over with trainer.resume=never") from None

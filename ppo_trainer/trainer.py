@@ -86,6 +86,7 @@ class Trainer:
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
         self.uses_reference = uses_reference(cfg)
         self.step = 0
+        self.nonfinite_streak = {"actor": 0, "critic": 0}  # PPO steps in a row with skipped updates
         self._stop_requested: Optional[str] = None
 
     # ------------------------------------------------------------------------------ building
@@ -192,15 +193,36 @@ class Trainer:
                 batch, adv_metrics = self.compute_advantages(batch)
                 metrics.update(adv_metrics)
             with timer("update_critic"):
-                metrics.update(self.critic.run_all("update", batch)[0])
+                metrics.update(self.guard_nonfinite("critic", self.critic.run_all("update", batch)[0]))
             if step > cfg.algorithm.critic_warmup:
                 with timer("update_actor"):
-                    metrics.update(self.actor.run_all("update", batch)[0])
+                    metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
                 with timer("sync"):
                     self.sync_rollout_weights()
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)
+
+    def guard_nonfinite(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
+        """Count updates whose optimizer steps were skipped for a non-finite loss or gradient
+        norm (the engine leaves the weights unchanged then); stop the run after
+        trainer.max_skipped_steps such PPO steps in a row, before anything is saved."""
+        skipped = int(metrics.get(f"{role}/skipped_steps", 0))
+        if not skipped:
+            self.nonfinite_streak[role] = 0
+            return metrics
+        self.nonfinite_streak[role] += 1
+        log.warning("%s: %d optimizer step(s) of step %d skipped: non-finite loss or gradient norm",
+                    role, skipped, self.step)
+        limit = self.cfg.trainer.max_skipped_steps
+        if self.nonfinite_streak[role] >= limit:
+            latest = checkpoint.complete_steps(self.output_dir)
+            where = f"the last good checkpoint is global_step_{latest[-1]}" if latest else "no checkpoint was written"
+            raise NonFiniteError(
+                f"{role}: non-finite updates in {limit} PPO steps in a row (trainer.max_skipped_steps={limit}); "
+                f"stopped, {where}. Lower the learning rate or check the rewards and the data"
+            )
+        return metrics
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Token rewards (score minus KL penalty), GAE, optional whitening; the KL controller
@@ -294,6 +316,10 @@ class Trainer:
     def close(self) -> None:
         for group in (self.rollout, self.critic, self.actor):
             group.shutdown()
+
+
+class NonFiniteError(RuntimeError):
+    """Too many updates in a row had a non-finite loss or gradient norm."""
 
 
 def check_output_dir(output_dir: Path, cfg: DictConfig) -> None:

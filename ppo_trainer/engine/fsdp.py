@@ -85,6 +85,18 @@ def shard_model(
     return module  # type: ignore[return-value]
 
 
+def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
+    """One update's statistics from its optimizer steps: `skipped_steps` (non-finite gradient
+    norm, parameters left unchanged) is a count; every other key is the mean over the steps that
+    were taken (NaN when all were skipped, so a broken update stays visible)."""
+    taken = [h for h in history if not h["skipped_steps"]]
+    out = {"skipped_steps": sum(h["skipped_steps"] for h in history)}
+    for key in history[0]:
+        if key != "skipped_steps":
+            out[key] = sum(h[key] for h in taken) / len(taken) if taken else float("nan")
+    return out
+
+
 class FSDPEngine:
     """One FSDP2-sharded module; trainable when given an `OptimConfig`.
 
@@ -189,7 +201,7 @@ class FSDPEngine:
                 stats.update(self.optimizer_step())
                 history.append(stats)
         self.updates += 1
-        return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
+        return summarize_steps(history)
 
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
         """Accumulate the gradient of one mini-batch (the same on every rank) into `.grad`;
@@ -210,11 +222,12 @@ class FSDPEngine:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         lr = self.optimizer.param_groups[0]["lr"]
-        if math.isfinite(norm):
+        finite = math.isfinite(norm)
+        if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return {"grad_norm": norm, "lr": float(lr)}
+        return {"grad_norm": norm, "lr": float(lr), "skipped_steps": 0.0 if finite else 1.0}
 
     # ----------------------------------------------------------------------------- state
 

@@ -13,6 +13,10 @@ from ppo_trainer.rewards import math as math_reward
 RewardFn = Callable[[str, str], float]
 
 
+class RewardError(RuntimeError):
+    """The reward function failed on a row (under reward.on_error=raise): the run stops."""
+
+
 def load_reward_fn(cfg: RewardConfig) -> RewardFn:
     """Import `cfg.fn` ("module:function") and return it as `fn(response, ground_truth) -> float`.
 
@@ -59,9 +63,10 @@ def score_all(
             scores.append(float(value))
         except Exception as e:
             if on_error != "zero":
-                raise RuntimeError(
-                    f"reward function failed on row {row} (ground truth {truth!r}): {e}; "
-                    "fix it or set reward.on_error=zero to score such rows 0"
+                shown = response if len(response) <= 300 else response[:300] + "..."
+                raise RewardError(
+                    f"reward function failed on row {row} (ground truth {truth!r}, response {shown!r}): "
+                    f"{type(e).__name__}: {e}; fix it or set reward.on_error=zero to score such rows 0"
                 ) from e
             scores.append(0.0)
             errors += 1
