@@ -7,13 +7,12 @@ run stops on the first problem before any model loads; a dry run lists them as w
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-ROLES = ("actor", "critic", "rollout")
+from ppo_trainer.workers.devices import describe_placement, detect, local_device_count, plan_placement
 
 
 def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
@@ -34,12 +33,7 @@ def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
 
 def devices_needed(cfg: DictConfig) -> int:
     """Devices the run occupies: colocated roles share the largest pool, else pools add up."""
-    counts = [cfg.devices[role].num_devices for role in ROLES]
-    return max(counts) if cfg.devices.colocate else sum(counts)
-
-
-def accelerator_name(cfg: DictConfig) -> str:
-    return {"cuda": "GPU", "npu": "NPU", "cpu": "CPU", "auto": "device"}[cfg.devices.accelerator]
+    return plan_placement(cfg).num_devices
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
@@ -73,24 +67,26 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:
+    """The devices section of the plan: backend, accelerator naming, and `plan_placement`'s pools
+    and ranks (node indices are the plan's; Ray pins each to a real node with that much free)."""
     dev = cfg.devices
-    name = accelerator_name(cfg)
-    where = "in this process" if dev.backend == "local" else (
-        f"Ray cluster at {dev.ray.address}" if dev.ray.address else "local Ray cluster (127.0.0.1)")
-    lines = [f"backend: {dev.backend} ({where}), accelerator: {dev.accelerator}, "
-             f"{'colocated (roles share devices)' if dev.colocate else 'separate pools per role'}"]
-    start = 0
-    for role in ROLES:
-        count = dev[role].num_devices
-        first = 0 if dev.colocate else start
-        nodes = sorted({(first + i) // dev.devices_per_node for i in range(count)})
-        lines.append(f"  {role:8s} {count} {name}(s): global index {first}..{first + count - 1} "
-                     f"on node(s) {', '.join(map(str, nodes))}")
-        start += count
-    total = devices_needed(cfg)
-    lines.append(f"total: {total} {name}(s) on {math.ceil(total / dev.devices_per_node)} node(s) of "
-                 f"{dev.devices_per_node}")
-    return lines
+    kind = detect(dev.accelerator)  # auto: what this machine has
+    placement = plan_placement(cfg)
+    accelerator = dev.accelerator + (f" -> {kind.name}" if dev.accelerator == "auto" else "")
+    if dev.backend == "local":
+        return [f"backend: local (in this process), accelerator: {accelerator} (torch device "
+                f"{kind.torch_device_type}, torch.distributed {kind.dist_backend})",
+                *describe_placement(placement, kind)]
+    where = f"Ray cluster at {dev.ray.address}" if dev.ray.address else "local Ray cluster (127.0.0.1)"
+    sharing = "colocated (roles share devices)" if dev.colocate else "separate pools per role"
+    nodes = placement.num_nodes
+    return [
+        f"backend: ray ({where}), accelerator: {accelerator} (Ray resource {kind.ray_resource}, "
+        f"{kind.visible_env or 'no visible-device variable'}, torch.distributed {kind.dist_backend}), {sharing}",
+        *describe_placement(placement, kind),
+        f"total: {kind.count(placement.num_devices)} on {nodes} node{'s' if nodes > 1 else ''} of "
+        f"{dev.devices_per_node} (devices.devices_per_node); {placement.num_workers} worker processes",
+    ]
 
 
 def environment_problems(cfg: DictConfig) -> list[str]:
@@ -139,27 +135,19 @@ def model_path_problem(path: str, key: str) -> str | None:
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:
-    """Compare the devices the config asks for with those visible here (unless joining a cluster)."""
+    """Compare the devices the config asks for with those of this machine (unless joining a
+    cluster): a local Ray is one node, so a plan over several nodes is a problem here too."""
     accel = cfg.devices.accelerator
     if accel in ("cpu", "auto") or cfg.devices.ray.address:
         return None
-    needed = 1 if cfg.devices.backend == "local" else devices_needed(cfg)
-    available = visible_device_count(accel)
-    if available < needed:
-        return (f"devices: the config asks for {needed} {accelerator_name(cfg)}(s) but this machine has "
-                f"{available}; choose fewer (devices.*.num_devices), devices=cpu, or join a cluster "
-                "with devices.ray.address")
-    return None
-
-
-def visible_device_count(accelerator: str) -> int:
-    if accelerator == "npu":
-        if importlib.util.find_spec("torch_npu") is None:
-            return 0
-        import torch_npu  # noqa: F401  (registers torch.npu)
-        import torch
-
-        return torch.npu.device_count()  # type: ignore[attr-defined]
-    import torch
-
-    return torch.cuda.device_count()
+    placement = plan_placement(cfg)
+    needed, nodes = placement.num_devices, placement.num_nodes
+    missing_runtime = accel == "npu" and importlib.util.find_spec("torch_npu") is None
+    available = 0 if missing_runtime else local_device_count(accel)
+    if available >= needed and nodes == 1:
+        return None
+    kind = detect(accel)
+    span = f" on {nodes} nodes of {cfg.devices.devices_per_node}" if nodes > 1 else ""
+    have = f"{available}" + (" (torch_npu, Ascend's PyTorch adapter, is not installed)" if missing_runtime else "")
+    return (f"devices: the config asks for {kind.count(needed)}{span} but this machine has {have}; choose fewer "
+            "(devices.*.num_devices), devices=cpu, or join a cluster with devices.ray.address=HOST:PORT")

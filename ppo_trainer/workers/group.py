@@ -10,15 +10,21 @@ Two ways to call a role's method:
 - `run_split(method, batch, ...)`: the batch's rows dealt across replicas, balanced by token
   count; the per-replica results (tensors with a leading row dimension, or Batches) are put back
   in the original row order.
+
+`build_groups(cfg)` builds the actor, critic and rollout groups of a config for either backend.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 import torch
+from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
+
+if TYPE_CHECKING:
+    from ppo_trainer.workers.devices import DeviceKind
 
 
 class Workers(Protocol):
@@ -140,23 +146,22 @@ class WorkerGroup:
         self.workers.shutdown()
 
 
-def local_device(accelerator: str) -> str:
-    """The torch device of the local backend for devices.accelerator."""
-    if accelerator != "auto":
-        return accelerator
-    if torch.cuda.is_available():
-        return "cuda"
-    return "npu" if hasattr(torch, "npu") and torch.npu.is_available() else "cpu"
+def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[str, WorkerGroup]:
+    """The actor, critic and rollout groups of `cfg`, for either backend (roles built in order,
+    so a model error surfaces from the actor first).
 
+    local: every role in this process, on the one device of `kind` (detected from
+    `devices.accelerator` unless given), so colocated roles share it. ray: see
+    `ppo_trainer.workers.ray_backend.build_ray_groups` (starts or joins Ray as configured; all
+    roles start concurrently).
+    """
+    from ppo_trainer.workers.devices import ROLES, detect
 
-def build_groups(cfg: Any) -> dict[str, WorkerGroup]:
-    """The actor, critic and rollout groups of the config's backend (roles built in order, so a
-    model error surfaces from the actor first)."""
-    from ppo_trainer.workers.roles import ROLE_CLASSES
-
+    kind = kind or detect(cfg.devices.accelerator)
     if cfg.devices.backend == "ray":
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
-        return build_ray_groups(cfg)
-    device = local_device(cfg.devices.accelerator)
-    return {role: WorkerGroup(role, LocalWorkers(cls(cfg, device))) for role, cls in ROLE_CLASSES.items()}
+        return build_ray_groups(cfg, kind)
+    from ppo_trainer.workers.roles import ROLE_CLASSES
+
+    return {role: WorkerGroup(role, LocalWorkers(ROLE_CLASSES[role](cfg, kind.torch_device_type))) for role in ROLES}

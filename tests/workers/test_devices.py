@@ -1,0 +1,180 @@
+"""Accelerator naming, placement plans and the fit check: pure functions, no Ray, no devices."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ppo_trainer.cli import compose
+from ppo_trainer.plan import placement_lines
+from ppo_trainer.workers.devices import (
+    ClusterNode,
+    PlacementError,
+    assign_nodes,
+    colocated_share,
+    detect,
+    plan_placement,
+    ray_init_kwargs,
+)
+
+
+def test_explicit_accelerators_map_to_ray_resource_visible_variable_and_backend():
+    cuda = detect("cuda")
+    assert (cuda.ray_resource, cuda.visible_env, cuda.dist_backend) == ("GPU", "CUDA_VISIBLE_DEVICES", "nccl")
+    cpu = detect("cpu")
+    assert (cpu.ray_resource, cpu.visible_env, cpu.dist_backend, cpu.torch_device_type) == ("CPU", None, "gloo", "cpu")
+
+
+def test_npu_detected_without_torch_npu_maps_to_npu_ascend_variable_and_hccl():
+    kind = detect("auto", probe=lambda: "npu")
+    assert kind.name == "npu" and kind.torch_device_type == "npu"
+    assert kind.ray_resource == "NPU"
+    assert kind.visible_env == "ASCEND_RT_VISIBLE_DEVICES"
+    assert kind.dist_backend == "hccl"
+
+
+def test_auto_detects_cpu_on_this_machine_and_rejects_unknown_names():
+    assert detect("auto", probe=lambda: "cpu").name == "cpu"
+    with pytest.raises(ValueError, match="devices.accelerator"):
+        detect("tpu")
+
+
+def test_computing_on_cpu_keeps_the_ray_resource_and_switches_to_gloo():
+    kind = detect("cuda").computing_on("cpu")
+    assert (kind.ray_resource, kind.visible_env) == ("GPU", "CUDA_VISIBLE_DEVICES")
+    assert (kind.torch_device_type, kind.dist_backend) == ("cpu", "gloo")
+
+
+def test_local_ray_registers_the_npus_torch_npu_sees():
+    cfg = compose(["devices=npu"])
+    kwargs = ray_init_kwargs(cfg, detect("npu"), npu_count=8, cpu_count=2, temp_dir="/tmp/x")
+    assert kwargs["resources"] == {"NPU": 8.0}
+    assert kwargs["_node_ip_address"] == "127.0.0.1"
+    assert kwargs["include_dashboard"] is False
+    assert kwargs["_temp_dir"] == "/tmp/x"
+    assert "resources" not in ray_init_kwargs(cfg, detect("npu"), npu_count=0, cpu_count=2)
+
+
+def test_local_ray_declares_a_cpu_per_bundle_on_a_two_core_machine_unless_overridden():
+    cfg = compose(["devices.backend=ray", "devices.actor.num_devices=2", "devices.colocate=false"])
+    assert ray_init_kwargs(cfg, detect("cpu"), cpu_count=2)["num_cpus"] == 5  # 4 slots + 1
+    assert ray_init_kwargs(cfg, detect("cpu"), cpu_count=32)["num_cpus"] == 32
+    cfg = compose(["devices.backend=ray", "devices.ray.num_cpus=3", "devices.ray.dashboard=true"])
+    kwargs = ray_init_kwargs(cfg, detect("cpu"), cpu_count=2)
+    assert kwargs["num_cpus"] == 3 and kwargs["include_dashboard"] is True
+
+
+def test_multi_gpu_preset_puts_actor_and_critic_on_node_0_and_rollout_on_node_1():
+    p = plan_placement(compose(["devices=multi_gpu"]))
+    assert p.roles["actor"].ranks == tuple((0, i) for i in range(4))
+    assert p.roles["critic"].ranks == tuple((0, i) for i in range(4, 8))
+    assert p.roles["rollout"].ranks == tuple((1, i) for i in range(4))
+    assert (p.num_devices, p.num_nodes) == (12, 2)
+    assert [pool.strategy for pool in p.pools] == ["STRICT_PACK"] * 3
+    assert all(r.share == 1.0 for r in p.roles.values())
+
+
+def test_colocated_preset_shares_8_devices_rank_i_of_every_role_on_device_i():
+    p = plan_placement(compose(["devices=colocated"]))
+    (pool,) = p.pools
+    assert pool.roles == ("actor", "critic", "rollout") and len(pool.slots) == 8
+    for role in ("actor", "critic", "rollout"):
+        assert p.roles[role].bundles == tuple(range(8))
+        assert p.roles[role].share == 0.33
+    assert colocated_share(3) * 3 <= 1.0
+    assert (p.num_devices, p.num_nodes, p.num_workers) == (8, 1, 24)
+
+
+def test_pool_larger_than_a_node_takes_whole_nodes_and_a_small_pool_never_straddles():
+    cfg = compose(["devices=multi_gpu", "devices.actor.num_devices=12", "devices.critic.num_devices=6",
+                   "devices.rollout.num_devices=2", "data.train_batch_size=16", "algorithm.ppo_mini_batch_size=16"])
+    p = plan_placement(cfg)
+    actor, critic, rollout = (p.pool(r) for r in ("actor", "critic", "rollout"))
+    assert actor.per_node() == {0: list(range(8)), 1: [0, 1, 2, 3]}
+    assert actor.strategy == "SPREAD"
+    assert critic.per_node() == {2: list(range(6))}  # 6 do not fit beside the actor's 4 on node 1
+    assert rollout.per_node() == {1: [4, 5]}  # first fit
+    assert p.num_nodes == 3
+
+
+def node(name: str, free: float, total: float, cpus: float = 16.0, resource: str = "GPU") -> ClusterNode:
+    """A fake Ray node "aaaaaaaa" with `free` of `total` devices (and `cpus` CPUs unless the devices are CPUs)."""
+    extra = {} if resource == "CPU" else {"CPU": cpus}
+    return ClusterNode(name * 8, "10.0.0.1", {resource: free, **extra}, {resource: total, **extra})
+
+
+def test_request_larger_than_the_cluster_names_the_role_and_the_numbers():
+    cfg = compose(["devices=multi_gpu", "devices.critic.num_devices=8", "data.train_batch_size=8",
+                   "algorithm.ppo_mini_batch_size=8"])
+    with pytest.raises(PlacementError) as e:
+        assign_nodes(plan_placement(cfg), detect("cuda"), [node("a", 8, 8), node("b", 2, 8)])
+    msg = str(e.value)
+    assert msg.startswith("devices.critic.num_devices=8 GPUs do not fit: the cluster has 10 GPUs free")
+    assert "devices.actor.num_devices=4 take 4" in msg and "16 GPUs in total" in msg
+
+
+def test_pool_that_fits_in_total_but_not_on_one_node_says_devices_per_node():
+    cfg = compose(["devices=colocated"])  # 8 on one node
+    with pytest.raises(PlacementError, match=r"no Ray node has that many free .*devices.devices_per_node"):
+        assign_nodes(plan_placement(cfg), detect("cuda"), [node("a", 4, 4), node("b", 4, 4)])
+
+
+def test_plan_nodes_map_to_distinct_ray_nodes_with_room():
+    p = plan_placement(compose(["devices=multi_gpu"]))  # node 0: 8 GPUs, node 1: 4 GPUs
+    mapping = assign_nodes(p, detect("cuda"), [node("a", 4, 8), node("b", 8, 8)])
+    assert mapping == {0: "b" * 8, 1: "a" * 8}
+
+
+def test_plan_nodes_prefer_distinct_ray_nodes_but_share_a_big_one_when_needed():
+    cfg = compose(["devices.backend=ray", "devices.accelerator=cpu", "devices.colocate=false",
+                   "devices.devices_per_node=2", "devices.actor.num_devices=2", "sampler.n=2"])
+    p = plan_placement(cfg)  # plan node 0: actor (2 slots); plan node 1: critic + rollout (2 slots)
+    cpu = detect("cpu")
+    assert assign_nodes(p, cpu, [node("a", 4, 4, resource="CPU"), node("b", 4, 4, resource="CPU")]) == {
+        0: "a" * 8, 1: "b" * 8}
+    assert assign_nodes(p, cpu, [node("a", 4, 4, resource="CPU")]) == {0: "a" * 8, 1: "a" * 8}
+    with pytest.raises(PlacementError, match="CPU slots do not fit: the cluster has 3 CPU slots free"):
+        assign_nodes(p, cpu, [node("a", 3, 4, resource="CPU")])
+
+
+def test_joined_cluster_without_npus_says_how_to_announce_them():
+    cfg = compose(["devices=npu", "devices.ray.address=10.0.0.1:6379"])
+    with pytest.raises(PlacementError) as e:
+        assign_nodes(plan_placement(cfg), detect("npu"), [node("a", 0, 0, resource="GPU")], "10.0.0.1:6379")
+    assert "ray start --address=10.0.0.1:6379 --resources='{\"NPU\": 8}'" in str(e.value)
+
+
+def test_dry_run_placement_lines_for_the_presets():
+    multi = "\n".join(placement_lines(compose(["devices=multi_gpu"])))
+    assert "actor    4 GPUs (node 0: GPU 0-3)" in multi
+    assert "critic   4 GPUs (node 0: GPU 4-7)" in multi
+    assert "rollout  4 GPUs (node 1: GPU 0-3)" in multi
+    assert "total: 12 GPUs on 2 nodes of 8" in multi
+    colocated = "\n".join(placement_lines(compose(["devices=colocated"])))
+    assert "actor/critic/rollout pool 8 GPUs (node 0: GPU 0-7)" in colocated
+    assert "each {GPU: 0.33, CPU: 0.33}" in colocated
+    npu = "\n".join(placement_lines(compose(["devices=npu"])))
+    assert "ASCEND_RT_VISIBLE_DEVICES" in npu and "hccl" in npu
+    assert "actor/critic/rollout pool 8 NPUs (node 0: NPU 0-7)" in npu
+
+
+def test_ppo_train_dry_run_prints_the_multi_gpu_placement_and_warns_about_missing_gpus(tmp_path):
+    code = "import sys; from ppo_trainer.cli import train_main; train_main(sys.argv[1:])"
+    args = ["+experiment=gsm8k", "trainer.dry_run=true", "devices=multi_gpu"]
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "rollout  4 GPUs (node 1: GPU 0-3)" in result.stdout
+    assert "WARNING: devices: the config asks for 12 GPUs on 2 nodes of 8 but this machine has 0" in result.stdout
+
+
+def test_the_reported_failure_is_a_ranks_own_error_not_its_peers_connection_closed():
+    from ppo_trainer.workers.ray_backend import root_cause
+
+    peer = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5821"
+    died = "the worker process died (ActorDiedError: The actor died unexpectedly before finishing this task.)"
+    assert root_cause([peer, died]) == 1
+    assert root_cause([died, peer]) == 0
+    assert root_cause([peer, peer]) == 0
