@@ -15,9 +15,9 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import ConfigError, check_key, check_value, register_configs
 
@@ -26,6 +26,8 @@ CONFIG_NAME = "ppo"
 # Hydra flags that take a value as the next argument.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                      "--experimental-rerun", "--package", "-p", "--info", "-i"}
+# How to install the Hydra sweeper plugins that configs/sweep/ may select.
+_SWEEPER_PACKAGES = {"optuna": "pip install 'ppo-trainer[optuna]'"}
 
 log = logging.getLogger("ppo_trainer")
 
@@ -83,6 +85,8 @@ def check_overrides(overrides: list[str]) -> None:
     for override in parsed:
         key = override.key_or_group
         if key.startswith("hydra") or override.package is not None:
+            if key == "hydra/sweeper" and not override.is_delete():
+                check_sweeper(override.get_value_element_as_str())
             continue
         if key in groups:
             if override.is_delete():
@@ -91,14 +95,62 @@ def check_overrides(overrides: list[str]) -> None:
             values = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
             for value in values:
                 if value not in options:
-                    prefix = "+" if key == "experiment" else ""
+                    prefix = "+" if key in ("experiment", "sweep") else ""
                     raise ConfigError(f"unknown option '{prefix}{key}={value}'; available: {', '.join(options)}")
+                if key == "sweep":
+                    check_sweep_file(value)
             continue
         check_key(key)
         if not override.is_delete():
-            values = list(override.value().list) if override.is_sweep_override() else [override.value()]
-            for value in values:
+            for value in _assigned_values(override):
                 check_value(key, value)
+
+
+def _assigned_values(override: Any) -> list[Any]:
+    """The values an override may assign: its value, each value of a choice or range sweep, or
+    the bounds of an interval (Optuna); none for a glob."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        return list(value.list)
+    if isinstance(value, RangeSweep):
+        return list(override.sweep_iterator())
+    if isinstance(value, IntervalSweep):
+        return [value.start, value.end]
+    return [] if override.is_sweep_override() else [value]
+
+
+def installed_sweepers() -> set[str]:
+    """The hydra/sweeper options Hydra finds: its own `basic` and those of installed plugins."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # imports the installed hydra_plugins, which register their sweeper configs
+    return {name[: -len(".yaml")] for name in ConfigStore.instance().list("hydra/sweeper") if name.endswith(".yaml")}
+
+
+def check_sweeper(name: str) -> None:
+    """Raise ConfigError unless the Hydra sweeper `name` is installed."""
+    if name not in installed_sweepers():
+        hint = _SWEEPER_PACKAGES.get(name, "install the Hydra plugin that provides it")
+        raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")
+
+
+def check_sweep_file(name: str) -> None:
+    """Check configs/sweep/NAME.yaml before Hydra runs it: the sweeper it selects is installed,
+    and its hydra.sweeper.params pass the same checks as command-line overrides."""
+    path = CONFIG_DIR / "sweep" / f"{name}.yaml"
+    sweep = OmegaConf.to_container(OmegaConf.load(path))
+    for entry in sweep.get("defaults") or []:
+        for group, option in entry.items() if isinstance(entry, dict) else []:
+            if group.split()[-1].strip("/") == "hydra/sweeper":
+                check_sweeper(str(option))
+    params = ((sweep.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    try:
+        check_overrides([f"{key}={value}" for key, value in params.items()])
+    except ConfigError as e:
+        raise ConfigError(f"configs/sweep/{name}.yaml, hydra.sweeper.params: {e}") from None
 
 
 class _HydraRun:
@@ -134,6 +186,12 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             return None
         if problems:
             raise ConfigError(problems[0])
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            # Each job's own overrides, for ppo-sweep-report (hydra.output_subdir is null in
+            # ppo.yaml, so Hydra keeps no .hydra/overrides.yaml).
+            job_dir = Path(cfg.trainer.output_dir)
+            job_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
         from ppo_trainer.trainer import run_training
 
         return run_training(cfg)
@@ -159,7 +217,8 @@ def _remove_if_empty(folder: Path) -> None:
 def _input_errors() -> tuple[type[BaseException], ...]:
     """Errors of user input (data rows, files, model paths) raised by the lazily imported modules."""
     errors: list[type[BaseException]] = [FileNotFoundError]
-    for module, name in (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError")):
+    for module, name in (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
+                         ("ppo_trainer.checkpoint", "CheckpointError")):
         mod = sys.modules.get(module)
         if mod is not None and hasattr(mod, name):
             errors.append(getattr(mod, name))
@@ -238,6 +297,7 @@ def _quiet_third_party_logs() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no per-load reports or progress bars
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
+    for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -1,0 +1,76 @@
+"""The sweep files in configs/sweep/ and how `ppo-train` checks a sweep before Hydra runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ppo_trainer import cli
+from ppo_trainer.config import ConfigError
+
+SWEEPS = cli.group_options("sweep")
+
+
+def test_there_are_grid_and_optuna_examples():
+    assert {"kl_and_lambda", "learning_rates", "optuna_smoke"} <= set(SWEEPS)
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_file_is_global_and_starts_with_its_command(name):
+    lines = (cli.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()
+    assert lines[0] == "# @package _global_"
+    assert lines[1].startswith("# ppo-train --multirun +experiment=") and lines[1].endswith(f" +sweep={name}")
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_file_params_pass_the_schema_checks(name, monkeypatch):
+    monkeypatch.setattr(cli, "installed_sweepers", lambda: {"basic", "optuna"})
+    cli.check_overrides([f"+sweep={name}"])
+
+
+def test_optuna_sweep_without_the_plugin_exits_2_with_the_install_command(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "installed_sweepers", lambda: {"basic"})
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train_main(["--multirun", "+experiment=smoke", "+sweep=optuna_smoke"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "pip install 'ppo-trainer[optuna]'" in err
+
+
+def test_selecting_an_uninstalled_sweeper_on_the_command_line_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(cli, "installed_sweepers", lambda: {"basic"})
+    with pytest.raises(ConfigError, match=r"hydra/sweeper=optuna is not installed: pip install 'ppo-trainer\[optuna\]'"):
+        cli.check_overrides(["hydra/sweeper=optuna", "gae.lam=interval(0.9,1.0)"])
+
+
+@pytest.mark.parametrize("override", ["gae.lam=interval(0.9,1.0)", "critic.lr=tag(log, interval(1e-4,1e-2))",
+                                      "gae.lam=range(0.9,1.0,0.05)", "sampler.n=int(interval(1,4))"])
+def test_interval_and_range_sweeps_are_checked_by_their_values(override):
+    cli.check_overrides([override])
+
+
+def test_a_float_interval_over_an_integer_key_is_a_config_error():
+    with pytest.raises(ConfigError, match="sampler.n"):
+        cli.check_overrides(["sampler.n=interval(1,4)"])
+
+
+def test_unknown_sweep_names_the_available_ones():
+    with pytest.raises(ConfigError, match=r"unknown option '\+sweep=nope'; available: .*kl_and_lambda"):
+        cli.check_overrides(["+sweep=nope"])
+
+
+def test_grid_sweep_file_drives_the_multirun(tmp_path: Path):
+    """A dry run of every job: the file's 3 KL values x 2 lambdas, one folder each."""
+    code = "import sys; from ppo_trainer.cli import train_main; train_main(sys.argv[1:])"
+    result = subprocess.run([sys.executable, "-c", code, "--multirun", "+experiment=gsm8k", "+sweep=kl_and_lambda",
+                             "trainer.dry_run=true", "hydra.sweep.dir=sweep"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("# plan") == 6
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == [str(i) for i in range(6)]
+    plans = [(tmp_path / "sweep" / str(i) / "plan.txt").read_text() for i in range(6)]
+    assert sum("lam=1.0 kl_coef=0.0 " in plan for plan in plans) == 1
