@@ -71,7 +71,7 @@ def test_update_reports_metrics_and_warms_up_the_learning_rate(tiny_model_dir, b
     batch = batch.with_fields(old_logprobs=actor.compute_logprobs(batch))
     metrics = actor.update(batch)  # 2 epochs x 2 mini-batches: lr factors 1/4, 2/4, 3/4, 4/4
     assert set(metrics) == {f"actor/{k}" for k in
-                            ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss", "grad_norm", "lr")}
+                            ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss", "grad_norm", "lr", "skipped_steps")}
     assert metrics["actor/lr"] == pytest.approx(1e-3 * (0.25 + 0.5 + 0.75 + 1.0) / 4)
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/entropy"] > 0
     assert (actor.compute_logprobs(batch) - batch.old_logprobs).abs().max() > 1e-3

@@ -1,0 +1,166 @@
+"""The sampler protocol and the pieces every sampler shares: prompt batches in, rollout batches out.
+
+A sampler turns a prompt-only `Batch` (left-padded prompts, no response block) into a rollout
+`Batch` of `len(prompts) * n` rows. Row `i * n + j` is sample `j` of prompt `i`, so a prompt's
+samples stay adjacent. Each row is the prompt block (unchanged, width P) followed by a response
+block (width T = the longest response of the call, right-padded with the pad id).
+
+| field           | shape    | meaning                                                            |
+|-----------------|----------|--------------------------------------------------------------------|
+| input_ids       | [B, P+T] | prompt block, then response block                                  |
+| attention_mask  | [B, P+T] | prompt mask, then response_mask                                    |
+| position_ids    | [B, P+T] | 0 at the first real prompt token; the response continues counting  |
+| response_mask   | [B, T]   | 1 on generated tokens up to and including EOS (or the stop token)  |
+| sample_logprobs | [B, T]   | the sampler's logprob of each generated token under the policy it  |
+|                 |          | sampled from (logits / temperature, after top-k / top-p); 0 on pad |
+| truncated       | [B]      | True where the response hit max_new_tokens without EOS or stop     |
+
+`response_text` is the decoded response without special tokens, cut before the first stop
+string. `prompt_text`, `ground_truth`, `prompt_index` are the prompt's values, repeated n times.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from ppo_trainer.batch import Batch
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """What the trainer and `ppo-eval` need from a rollout engine."""
+
+    @property
+    def supports_sleep(self) -> bool:
+        """True where `sleep` really frees accelerator memory (vLLM on GPU with sleep mode)."""
+        ...
+
+    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False) -> Batch:
+        """Sample `n` responses per prompt of a prompt-only batch (see the module docstring).
+
+        `seed` makes the call reproducible: the same weights, prompts and seed give the same
+        tokens. `greedy` decodes the arg-max token (evaluation); n should then be 1.
+        """
+        ...
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Make the next `generate` use these weights (full HF names; LoRA merged into the base)."""
+        ...
+
+    def sleep(self) -> None:
+        """Release accelerator memory between rollouts (no-op where unsupported)."""
+        ...
+
+    def wake(self) -> None:
+        """Undo `sleep` (no-op where unsupported)."""
+        ...
+
+
+def prompts_to_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, **row_lists: list[Any]) -> Batch:
+    """A prompt-only Batch from token-id lists: left-padded to the longest prompt.
+
+    `row_lists` are per-row Batch fields (`prompt_text`, `ground_truth`, `prompt_index`), each
+    as long as `prompt_ids`. The pad id is recorded in `meta["pad_token_id"]`.
+    """
+    if not prompt_ids:
+        raise ValueError("prompts_to_batch needs at least one prompt")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("prompts_to_batch: every prompt needs at least one token")
+    for name, values in row_lists.items():
+        if len(values) != len(prompt_ids):
+            raise ValueError(f"prompts_to_batch: '{name}' has {len(values)} rows, prompt_ids has {len(prompt_ids)}")
+    width = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, ids in enumerate(prompt_ids):
+        input_ids[i, width - len(ids) :] = torch.as_tensor(list(ids), dtype=torch.long)
+        attention_mask[i, width - len(ids) :] = 1
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        **{name: list(values) for name, values in row_lists.items()},
+        meta={"pad_token_id": pad_id},
+    )
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L] positions: 0 at the first real token, counting on to the right; 0 on left padding."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def prompt_token_lists(batch: Batch) -> list[list[int]]:
+    """The real (unpadded) prompt tokens of each row of a prompt-only batch."""
+    if batch.response_mask is not None:
+        raise ValueError("generate expects a prompt-only batch (response_mask is set: it already holds responses)")
+    mask = batch.attention_mask.bool()
+    return [batch.input_ids[i][mask[i]].tolist() for i in range(len(batch))]
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """`text` before the earliest stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def assemble_rollout(
+    prompts: Batch,
+    n: int,
+    responses: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float]],
+    truncated: Sequence[bool],
+    texts: Sequence[str],
+    pad_id: int,
+) -> Batch:
+    """The rollout Batch from per-sequence results, given in row order (prompt i, sample j at i*n+j).
+
+    `responses[r]` holds the real response tokens of row r (ending with EOS or the stop token
+    unless truncated) and `logprobs[r]` their sampling logprobs.
+    """
+    rows = len(prompts) * n
+    if not (len(responses) == len(logprobs) == len(truncated) == len(texts) == rows):
+        raise ValueError(f"assemble_rollout: expected {rows} sequences ({len(prompts)} prompts x n={n})")
+    width = max(1, max(len(r) for r in responses))
+    response_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((rows, width), dtype=torch.long)
+    sample_logprobs = torch.zeros((rows, width), dtype=torch.float32)
+    for r, (ids, lps) in enumerate(zip(responses, logprobs)):
+        if len(ids) != len(lps):
+            raise ValueError(f"assemble_rollout: row {r} has {len(ids)} tokens but {len(lps)} logprobs")
+        response_ids[r, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+        response_mask[r, : len(ids)] = 1
+        sample_logprobs[r, : len(lps)] = torch.as_tensor(list(lps), dtype=torch.float32)
+
+    repeated = prompts.select(torch.arange(len(prompts)).repeat_interleave(n))
+    prompt_mask = repeated.attention_mask.long()
+    prompt_positions = positions_from_mask(prompt_mask)
+    last = prompt_positions[:, -1:]
+    response_positions = last + torch.arange(1, width + 1).unsqueeze(0)
+    return repeated.with_fields(
+        input_ids=torch.cat([repeated.input_ids, response_ids], dim=1),
+        attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
+        position_ids=torch.cat([prompt_positions, response_positions], dim=1),
+        response_mask=response_mask,
+        sample_logprobs=sample_logprobs,
+        truncated=torch.as_tensor(list(truncated), dtype=torch.bool),
+        response_text=list(texts),
+        meta={**prompts.meta, "pad_token_id": pad_id},
+    )
+
+
+def logprob_gap_metrics(
+    sample_logprobs: torch.Tensor, recomputed: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the sampler's logprobs are from the trainer's recomputed ones, on real tokens.
+
+    sample_logprobs, recomputed, response_mask: [B, T]. Returns `rollout/logprob_diff_max` and
+    `rollout/logprob_diff_mean` (absolute differences; 0.0 when the mask is empty). A large gap
+    means the engine's policy is not the trainer's (stale weights, dtype, sampling settings).
+    """
+    mask = response_mask.bool()
+    diff = (sample_logprobs.float() - recomputed.float()).abs()[mask]
+    if diff.numel() == 0:
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
+    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}

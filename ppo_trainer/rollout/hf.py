@@ -1,0 +1,229 @@
+"""Rollouts with Hugging Face `generate`: works everywhere, no extra install.
+
+The sampler either shares the actor's module (the usual local setup: the actor's weights are the
+sampler's weights, so `sync_weights` has nothing to do) or owns a copy loaded from a model folder
+(`HFSampler.from_pretrained`), into which `sync_weights` loads each new state dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+
+from ppo_trainer.batch import Batch
+from ppo_trainer.config import SamplerConfig
+from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists, prompts_to_batch
+
+
+def _dtype(name: str | torch.dtype | None) -> Optional[torch.dtype]:
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every token id that ends a response: the tokenizer's EOS and the model's generation EOS ids."""
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, gen_eos):
+        if value is None:
+            continue
+        ids.extend(value if isinstance(value, (list, tuple)) else [value])
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token_id and the model's generation_config names none")
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+class HFSampler:
+    """Batched `model.generate` with left padding, stopping each sequence at EOS or a stop string.
+
+    Args:
+        model: a causal LM (`PreTrainedModel` or a peft model around one).
+        tokenizer: its tokenizer (decoding, EOS and pad ids).
+        cfg: temperature, top_p, top_k (0 disables), max_new_tokens, stop strings.
+        batch_size: sequences per `generate` call (prompts x n are split into chunks of this
+            many rows), bounding the memory of the KV cache and of the scores.
+        dtype: autocast dtype for generation (e.g. "bfloat16"); None or "float32" runs the
+            module in its own dtype.
+        owns_module: True when `model` is the sampler's private copy; then `sync_weights` loads
+            state dicts into it. False when it is the actor's module: sync is a no-op.
+
+    Sampling logprobs are the log-softmax of the scores after generate's logits processors
+    (temperature, top-k, top-p), so with top_p=1 and top_k=0 they equal log_softmax(logits / T),
+    the actor's recomputation.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        cfg: SamplerConfig,
+        *,
+        batch_size: int = 64,
+        dtype: str | torch.dtype | None = None,
+        owns_module: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"HFSampler batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.batch_size = batch_size
+        self.autocast_dtype = _dtype(dtype)
+        self.owns_module = owns_module
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        cfg: SamplerConfig,
+        *,
+        batch_size: int = 64,
+        dtype: str = "float32",
+        device: str | torch.device = "cpu",
+        trust_remote_code: bool = False,
+    ) -> "HFSampler":
+        """A sampler that owns its own copy of the model in `model_dir`, loaded in `dtype`."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=_dtype(dtype), trust_remote_code=trust_remote_code
+        ).to(device)
+        model.eval()
+        return cls(model, tokenizer, cfg, batch_size=batch_size, owns_module=True)
+
+    @property
+    def supports_sleep(self) -> bool:
+        return False
+
+    def sleep(self) -> None:
+        """No-op: the HF sampler holds no memory beyond the module it generates with."""
+
+    def wake(self) -> None:
+        """No-op (see `sleep`)."""
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load `state_dict` (full HF names) into the owned copy; no-op when sharing the actor's module."""
+        if not self.owns_module:
+            return
+        result = self.model.load_state_dict(state_dict, strict=False)
+        if result.unexpected_keys:
+            raise KeyError(f"sync_weights: names unknown to the sampler's model: {result.unexpected_keys[:5]}")
+        parameters = dict(self.model.named_parameters())  # tied weights appear once
+        missing = [k for k in result.missing_keys if k in parameters]
+        if missing:
+            raise KeyError(f"sync_weights: the state dict lacks parameters: {missing[:5]}")
+
+    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False) -> Batch:
+        """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        prompts = prompt_token_lists(batch)
+        rows = [p for p in prompts for _ in range(n)]
+        responses: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        with self._generation_mode(seed):
+            for start in range(0, len(rows), self.batch_size):
+                ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy)
+                responses.extend(ids)
+                logprobs.extend(lps)
+
+        texts, truncated = [], []
+        for r, ids in enumerate(responses):
+            end, stopped = self._response_end(ids)
+            responses[r], logprobs[r] = ids[:end], logprobs[r][:end]
+            text = self.tokenizer.decode(responses[r], skip_special_tokens=True)
+            texts.append(cut_at_stop(text, self.cfg.stop)[0])
+            truncated.append(not stopped)
+        return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
+
+    @contextlib.contextmanager
+    def _generation_mode(self, seed: int) -> Iterator[None]:
+        """Eval mode, no grad, autocast, and a seeded RNG that leaves the global RNG state untouched."""
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        fork_devices = [device] if device.type == "cuda" else []
+        autocast = (
+            torch.autocast(device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype not in (None, torch.float32)
+            else contextlib.nullcontext()
+        )
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=fork_devices), torch.no_grad(), autocast:
+                torch.manual_seed(seed)
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def _generate_chunk(self, prompts: list[list[int]], greedy: bool) -> tuple[list[list[int]], list[list[float]]]:
+        """Generated tokens (up to max_new_tokens, EOS/pad included) and their logprobs, per row."""
+        from transformers import GenerationConfig
+
+        device = next(self.model.parameters()).device
+        chunk = prompts_to_batch(prompts, self.pad_id)
+        sampling = (
+            dict(do_sample=True, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
+            if not greedy
+            else dict(do_sample=False)
+        )
+        # Neutral values for every other processor, so nothing from the model's own
+        # generation_config.json (e.g. a repetition penalty) changes the sampled policy.
+        gen_cfg = GenerationConfig(
+            **sampling,
+            max_new_tokens=self.cfg.max_new_tokens,
+            min_new_tokens=0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            stop_strings=list(self.cfg.stop) or None,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+        out = self.model.generate(
+            input_ids=chunk.input_ids.to(device),
+            attention_mask=chunk.attention_mask.to(device),
+            generation_config=gen_cfg,
+            tokenizer=self.tokenizer if self.cfg.stop else None,
+        )
+        generated = out.sequences[:, chunk.input_ids.shape[1] :]
+        token_logprobs = torch.stack(  # out.scores: one [rows, V] of processed logits per step
+            [torch.log_softmax(s.float(), dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1)
+             for t, s in enumerate(out.scores)],
+            dim=1,
+        )
+        return generated.cpu().tolist(), token_logprobs.cpu().tolist()
+
+    def _response_end(self, ids: list[int]) -> tuple[int, bool]:
+        """(length of the real response, whether it ended on EOS or a stop string)."""
+        eos_at = next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
+        stop_at = self._stop_token_index(ids if eos_at is None else ids[:eos_at])
+        if stop_at is not None:
+            return stop_at + 1, True
+        return (len(ids), False) if eos_at is None else (eos_at + 1, True)
+
+    def _stop_token_index(self, ids: list[int]) -> Optional[int]:
+        """Index of the token whose decoding first completes a stop string, or None."""
+        if not self.cfg.stop:
+            return None
+        decode = lambda k: self.tokenizer.decode(ids[:k], skip_special_tokens=True)  # noqa: E731
+        if not cut_at_stop(decode(len(ids)), self.cfg.stop)[1]:
+            return None
+        lo, hi = 1, len(ids)  # the shortest prefix that contains a stop string: prefixes only grow
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cut_at_stop(decode(mid), self.cfg.stop)[1]:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo - 1

