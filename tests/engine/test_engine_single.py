@@ -149,7 +149,7 @@ def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir
     batch = batch.with_fields(values=values)
     losses = [critic.update(batch)["critic/vf_loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
-    assert set(critic.update(batch)) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr"}
+    assert set(critic.update(batch)) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr", "critic/skipped_steps"}
 
     critic.save_hf(tmp_path / "critic")
     reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
