@@ -98,6 +98,7 @@ class SamplerConfig:
     top_k: int = 0  # 0 disables top-k
     max_new_tokens: int = 256
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # generate max_new_tokens every time (benchmarks)
     generate_batch_size: int = 64  # sequences per HF generate call (bounds memory); hf only
     vllm: VllmConfig = field(default_factory=VllmConfig)
 

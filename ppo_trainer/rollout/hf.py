@@ -178,7 +178,9 @@ class HFSampler:
         gen_cfg = GenerationConfig(
             **sampling,
             max_new_tokens=self.cfg.max_new_tokens,
-            min_new_tokens=0,
+            # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
+            # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
+            min_new_tokens=self.cfg.max_new_tokens if self.cfg.ignore_eos else 0,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             typical_p=1.0,
@@ -206,7 +208,7 @@ class HFSampler:
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
         """(length of the real response, whether it ended on EOS or a stop string)."""
-        eos_at = next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
+        eos_at = None if self.cfg.ignore_eos else next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
         stop_at = self._stop_token_index(ids if eos_at is None else ids[:eos_at])
         if stop_at is not None:
             return stop_at + 1, True

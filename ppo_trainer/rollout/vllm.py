@@ -206,6 +206,7 @@ class VllmSampler:
                 top_k=-1 if greedy or self.cfg.top_k == 0 else self.cfg.top_k,
                 max_tokens=self.cfg.max_new_tokens,
                 stop=list(self.cfg.stop) or None,
+                ignore_eos=self.cfg.ignore_eos,
                 seed=rng.getrandbits(31),
                 logprobs=0,
             )

@@ -87,6 +87,15 @@ def test_stop_string_ends_the_response_at_its_last_token_and_is_cut_from_the_tex
     assert stopped > 0
 
 
+def test_ignore_eos_generates_max_new_tokens_for_every_row(sampler, prompts, tokenizer):
+    sampler.cfg = sampler_config(ignore_eos=True)
+    out = sampler.generate(prompts, 2, seed=3)
+    max_new = sampler.cfg.max_new_tokens
+    assert out.response_length == max_new
+    assert bool((out.response_mask.sum(dim=1) == max_new).all())
+    assert bool(out.truncated.all())
+
+
 def test_same_seed_gives_the_same_tokens_and_another_seed_other_tokens(sampler, prompts):
     first = sampler.generate(prompts, 4, seed=11)
     again = sampler.generate(prompts, 4, seed=11)
