@@ -50,3 +50,15 @@ def gsm8k_dir() -> Path:
     if not (GSM8K_DIR / "train.jsonl").is_file():
         pytest.skip(f"GSM8K data not found at {GSM8K_DIR.resolve()}")
     return GSM8K_DIR.resolve()
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """One intra-op thread per test: the test models are tiny, and on a busy 2-core machine two
+    spinning OpenMP threads per process make every op up to 10x slower than one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
