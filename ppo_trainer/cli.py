@@ -202,6 +202,21 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     except _input_errors() as e:
         print(f"ppo-train: input error: {e}", file=sys.stderr)
         sys.exit(2)
+    except _run_errors() as e:
+        print(f"ppo-train: stopped: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _run_errors() -> tuple[type[BaseException], ...]:
+    """Failures during training that carry their own full explanation (row, role, rank,
+    checkpoint): shown as one line, without a traceback of the driver."""
+    errors: list[type[BaseException]] = []
+    for module, name in (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
+                         ("ppo_trainer.workers.ray_backend", "WorkerError")):
+        mod = sys.modules.get(module)
+        if mod is not None and hasattr(mod, name):
+            errors.append(getattr(mod, name))
+    return tuple(errors)
 
 
 def _remove_if_empty(folder: Path) -> None:

@@ -42,15 +42,15 @@ PRESETS = {
 
 @dataclass
 class Ceilings:
-    tflops: float  # bf16 matmul, TFLOP/s
+    tflops: float  # matmul in the compute dtype, TFLOP/s
     bandwidth: float  # device copy, bytes/s
 
 
-def measure_ceilings(device: str) -> Ceilings:
-    """bf16 matmul throughput and copy bandwidth, best of a few repeats."""
+def measure_ceilings(device: str, dtype: torch.dtype) -> Ceilings:
+    """Matmul throughput in the compute dtype and copy bandwidth, best of a few repeats."""
     n = 8192 if device == "cuda" else 1024
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     x = torch.empty(256 * 2**20 if device == "cuda" else 32 * 2**20, dtype=torch.uint8, device=device)
 
     def best(fn, reps: int) -> float:
@@ -104,11 +104,11 @@ def build_workload(folder: Path, shape: dict, seed: int) -> tuple[Path, Path]:
     return model_dir, prompts
 
 
-def bench_config(model_dir: Path, prompts: Path, shape: dict, device: str, output_dir: Path):
+def bench_config(model_dir: Path, prompts: Path, shape: dict, device: str, dtype: str, output_dir: Path):
     from ppo_trainer.cli import compose
 
     return compose([
-        f"model.path={model_dir}", "model.dtype=bfloat16", "critic.dtype=bfloat16", "model.lora.rank=0",
+        f"model.path={model_dir}", f"model.dtype={dtype}", f"critic.dtype={dtype}", "model.lora.rank=0",
         "sampler=hf", "sampler.n=1", f"sampler.max_new_tokens={shape['response_len']}", "sampler.ignore_eos=true",
         f"sampler.generate_batch_size={shape['prompts']}",
         "data.source=files", f"data.train_files=[{prompts}]", f"data.val_files=[{prompts}]",
@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen0.5b")
     parser.add_argument("--tiny", action="store_true", help="shortcut for --preset tiny --device cpu")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"],
+                        help="compute dtype (default: bfloat16 on cuda, float32 on cpu, where bf16 lacks fast kernels)")
     parser.add_argument("--steps", type=int, default=3, help="PPO steps; the first is a warm-up")
     parser.add_argument("--peak-tflops", type=float, help="bf16 peak (default: measured)")
     parser.add_argument("--bandwidth", type=float, help="device bandwidth in bytes/s (default: measured)")
@@ -147,15 +149,16 @@ def main() -> None:
     if args.tiny:
         args.preset, args.device = "tiny", "cpu"
     shape = PRESETS[args.preset]
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
     from ppo_trainer.trainer import Trainer
 
-    measured = measure_ceilings(args.device)
+    measured = measure_ceilings(args.device, getattr(torch, dtype))
     ceilings = Ceilings(args.peak_tflops or measured.tflops, args.bandwidth or measured.bandwidth)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, prompts = build_workload(Path(tmp), shape, args.seed)
-        cfg = bench_config(model_dir, prompts, shape, args.device, Path(tmp) / "out")
+        cfg = bench_config(model_dir, prompts, shape, args.device, dtype, Path(tmp) / "out")
         trainer = Trainer.from_config(cfg)
         try:
             params = sum(p.numel() for p in trainer.actor.workers.role.engine.policy.parameters())
@@ -181,15 +184,15 @@ def main() -> None:
         "forwards": 3 * 2 * params * tokens / (seconds["old_logprob"] + seconds["ref"] + seconds["values"]) / peak,
     }
     result = {
-        "preset": args.preset, "device": args.device, "params": params, "tokens_per_step": tokens,
-        "ceilings": {"bf16_tflops": ceilings.tflops, "bandwidth_gb_s": ceilings.bandwidth / 1e9},
+        "preset": args.preset, "device": args.device, "dtype": dtype, "params": params, "tokens_per_step": tokens,
+        "ceilings": {"matmul_tflops": ceilings.tflops, "bandwidth_gb_s": ceilings.bandwidth / 1e9},
         "seconds": seconds, "floor_seconds": {**floor, "step": sum(floor.values())},
         "tokens_per_s": {"step": tokens / seconds["step"],
                          "gen": shape["prompts"] * shape["response_len"] / seconds["gen"]},
         "mfu": mfu, "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
     }
-    print(f"preset {args.preset} on {args.device}: {params / 1e6:.1f}M params, {tokens} tokens/step, "
-          f"ceilings {ceilings.tflops:.1f} TFLOP/s bf16, {ceilings.bandwidth / 1e9:.0f} GB/s")
+    print(f"preset {args.preset} on {args.device} ({dtype}): {params / 1e6:.1f}M params, {tokens} tokens/step, "
+          f"ceilings {ceilings.tflops:.3f} TFLOP/s, {ceilings.bandwidth / 1e9:.0f} GB/s")
     print(f"{'phase':15s} {'seconds':>9s}")
     for phase in phases:
         print(f"{phase:15s} {seconds[phase]:9.3f}")
