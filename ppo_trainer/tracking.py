@@ -43,10 +43,17 @@ def mask_secrets(value: Any, key: str = "") -> Any:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step: a resumed run rewrites what came after its checkpoint."""
+    """Keep the records of steps <= last_step: a resumed run rewrites what came after its
+    checkpoint. A line cut short by a kill (not valid JSON) is dropped with them."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
