@@ -12,6 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ppo_trainer.tracking import mask_secrets
+
 from ppo_trainer.workers.devices import describe_placement, detect, local_device_count, plan_placement
 
 
@@ -38,7 +40,7 @@ def devices_needed(cfg: DictConfig) -> int:
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     """Human-readable dry-run output: resolved config, roles and devices, batch arithmetic, warnings."""
-    lines = ["# resolved config", OmegaConf.to_yaml(cfg).rstrip(), "", "# plan"]
+    lines = ["# resolved config", OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))).rstrip(), "", "# plan"]
     lines.append(f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}")
     lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
     lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"

@@ -1,0 +1,32 @@
+"""Safe defaults: no remote code unless asked, credentials masked in saved and printed configs."""
+
+from __future__ import annotations
+
+from ppo_trainer.cli import compose
+from ppo_trainer.plan import describe_plan
+from ppo_trainer.tracking import mask_secrets
+
+
+def test_remote_code_is_off_by_default():
+    assert compose([]).model.trust_remote_code is False
+
+
+def test_values_under_credential_like_keys_are_masked():
+    config = {"logging": {"wandb_api_key": "abc123", "hf_token": "hf_xyz", "password": "p"},
+              "sampler": {"max_new_tokens": 64}, "data": {"max_prompt_length": 8}, "name": "run"}
+    masked = mask_secrets(config)
+    assert masked["logging"] == {"wandb_api_key": "***", "hf_token": "***", "password": "***"}
+    assert masked["sampler"] == {"max_new_tokens": 64} and masked["name"] == "run"
+
+
+def test_ray_started_by_us_binds_loopback_without_dashboard():
+    from ppo_trainer.workers.devices import detect, ray_init_kwargs
+
+    cfg = compose(["devices.backend=ray"])
+    kwargs = ray_init_kwargs(cfg, detect("cpu"))
+    assert kwargs.get("include_dashboard") is False
+    assert kwargs.get("_node_ip_address", "127.0.0.1") == "127.0.0.1"
+
+
+def test_dry_run_plan_prints_the_config():
+    assert "# resolved config" in describe_plan(compose([]), [])
