@@ -11,10 +11,13 @@ common=(+experiment=smoke trainer.total_steps=6 trainer.save_every=1 "trainer.lo
 cd "$work"
 
 echo "uninterrupted run..."
+start=$(date +%s)
 ppo-train "${common[@]}" trainer.output_dir="$work/reference" > reference.log 2>&1
+total=$(( $(date +%s) - start ))
+echo "uninterrupted run took ${total}s; each kill lands at a random moment between a third of that and all of it"
 
 for i in $(seq 1 "$kills"); do
-  delay=$(( 4 + RANDOM % 20 ))
+  delay=$(( total / 3 + RANDOM % (total - total / 3 + 1) ))
   setsid ppo-train "${common[@]}" trainer.output_dir="$work/chaos" > "chaos_$i.log" 2>&1 &
   pid=$!
   sleep "$delay"
