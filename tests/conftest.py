@@ -52,10 +52,12 @@ def gsm8k_dir() -> Path:
     return GSM8K_DIR.resolve()
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():
-    """One intra-op thread per test: the test models are tiny, and on a busy 2-core machine two
-    spinning OpenMP threads per process make every op up to 10x slower than one."""
+    """One intra-op thread for the whole session: the test models are tiny, and on a busy 2-core
+    machine two spinning OpenMP threads make every op up to 10x slower than one. Session scope, so
+    module-scoped runs (e.g. the uninterrupted run a resume is compared with) use it too:
+    results are bit-identical only at equal thread counts."""
     import torch
 
     threads = torch.get_num_threads()

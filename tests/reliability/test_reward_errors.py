@@ -12,12 +12,12 @@ from ppo_trainer.cli import train_main
 
 def test_raising_reward_stops_with_row_response_and_error(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "my_rewards.py").write_text(
+    (tmp_path / "reliability_raising_reward.py").write_text(
         "def reward(response, ground_truth):\n    raise ValueError('cannot parse ' + ground_truth)\n")
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
         train_main(["+experiment=smoke", f"trainer.output_dir={out}", "trainer.loggers=[jsonl]",
-                    "reward.fn=my_rewards:reward"])
+                    "reward.fn=reliability_raising_reward:reward"])
     assert exit_info.value.code == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "row 0" in line and "response" in line and "ValueError: cannot parse" in line
@@ -26,9 +26,9 @@ def test_raising_reward_stops_with_row_response_and_error(tmp_path, monkeypatch,
 
 def test_reward_errors_can_score_zero_and_be_counted(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "my_rewards2.py").write_text("def reward(response, ground_truth):\n    raise ValueError('x')\n")
+    (tmp_path / "reliability_zero_reward.py").write_text("def reward(response, ground_truth):\n    raise ValueError('x')\n")
     out = tmp_path / "run"
     train_main(["+experiment=smoke", f"trainer.output_dir={out}", "trainer.loggers=[jsonl]",
-                "reward.fn=my_rewards2:reward", "reward.on_error=zero", "trainer.total_steps=1"])
+                "reward.fn=reliability_zero_reward:reward", "reward.on_error=zero", "trainer.total_steps=1"])
     step1 = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
     assert step1["reward/errors"] == 8 and step1["critic/score/mean"] == 0
