@@ -207,16 +207,18 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         sys.exit(1)
 
 
+def _loaded_errors(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """The exception classes (module, name) of modules already imported: the run imports them
+    lazily, and an error class of a module that never loaded cannot have been raised."""
+    modules = [(sys.modules.get(module), name) for module, name in names]
+    return tuple(getattr(mod, name) for mod, name in modules if mod is not None and hasattr(mod, name))
+
+
 def _run_errors() -> tuple[type[BaseException], ...]:
     """Failures during training that carry their own full explanation (row, role, rank,
     checkpoint): shown as one line, without a traceback of the driver."""
-    errors: list[type[BaseException]] = []
-    for module, name in (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-                         ("ppo_trainer.workers.ray_backend", "WorkerError")):
-        mod = sys.modules.get(module)
-        if mod is not None and hasattr(mod, name):
-            errors.append(getattr(mod, name))
-    return tuple(errors)
+    return _loaded_errors(("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
+                          ("ppo_trainer.workers.ray_backend", "WorkerError"))
 
 
 def _remove_if_empty(folder: Path) -> None:
@@ -231,13 +233,9 @@ def _remove_if_empty(folder: Path) -> None:
 
 def _input_errors() -> tuple[type[BaseException], ...]:
     """Errors of user input (data rows, files, model paths) raised by the lazily imported modules."""
-    errors: list[type[BaseException]] = [FileNotFoundError]
-    for module, name in (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
-                         ("ppo_trainer.checkpoint", "CheckpointError")):
-        mod = sys.modules.get(module)
-        if mod is not None and hasattr(mod, name):
-            errors.append(getattr(mod, name))
-    return tuple(errors)
+    return (FileNotFoundError, *_loaded_errors(("ppo_trainer.data", "DataError"),
+                                               ("ppo_trainer.models.loading", "ModelPathError"),
+                                               ("ppo_trainer.checkpoint", "CheckpointError")))
 
 
 def train_main(argv: Optional[list[str]] = None) -> None:
