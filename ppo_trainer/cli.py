@@ -23,9 +23,6 @@ from ppo_trainer.config import ConfigError, check_key, check_value, register_con
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 CONFIG_NAME = "ppo"
-# Hydra flags that take a value as the next argument.
-_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                     "--experimental-rerun", "--package", "-p", "--info", "-i"}
 # How to install the Hydra sweeper plugins that configs/sweep/ may select.
 _SWEEPER_PACKAGES = {"optuna": "pip install 'ppo-trainer[optuna]'"}
 
@@ -41,19 +38,19 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
-def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Separate Hydra's flags (with their values) from `key=value` overrides."""
-    flags, overrides = [], []
-    it = iter(argv)
-    for arg in it:
-        if arg.startswith("-"):
-            flags.append(arg)
-            if arg in _FLAGS_WITH_VALUE:
-                value = next(it, None)
-                if value is not None:
-                    flags.append(value)
+def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra's flags (with their values) and the `key=value` overrides of a command line, as
+    Hydra's own argument parser reads them, so that every Hydra flag works as in any Hydra app;
+    flags may stand between overrides."""
+    from hydra._internal.utils import get_args_parser
+
+    overrides = get_args_parser().parse_intermixed_args(argv).overrides
+    flags, pending = [], list(overrides)
+    for arg in argv:
+        if pending and arg == pending[0]:
+            pending.pop(0)
         else:
-            overrides.append(arg)
+            flags.append(arg)
     return flags, overrides
 
 
@@ -243,9 +240,9 @@ def train_main(argv: Optional[list[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     _quiet_third_party_logs()
     register_configs()
-    flags, overrides = split_overrides(argv)
+    flags, overrides = split_hydra_argv(argv)
     overrides = normalize_overrides(overrides)
-    if not any(f in ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc") for f in flags):
+    if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
             check_overrides(overrides)
         except ConfigError as e:
@@ -255,7 +252,7 @@ def train_main(argv: Optional[list[str]] = None) -> None:
     import hydra
 
     task = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")(_run_training)
-    sys.argv = [sys.argv[0], *flags, *overrides]
+    sys.argv = [sys.argv[0], *overrides, *flags]  # overrides first: `--info` takes an optional value
     _HydraRun.task_started = False
     try:
         task()

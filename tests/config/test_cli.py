@@ -45,3 +45,37 @@ def test_multirun_makes_one_run_directory_per_value(tmp_path):
     assert "lam: 0.9\n" in result.stdout and "lam: 0.95\n" in result.stdout
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
     assert "lam=0.95" in (tmp_path / "sweep" / "1" / "plan.txt").read_text()
+
+
+@pytest.mark.parametrize("flags, expected, absent", [
+    (["--cfg", "job"], "gae:\n", "hydra:\n"),
+    (["-c", "job"], "gae:\n", "hydra:\n"),
+    (["--cfg", "hydra"], "hydra:\n", "gae:\n"),
+    (["--cfg", "job", "--package", "gae"], "# @package gae\n", "trainer:"),
+])
+def test_hydra_cfg_flags_print_the_config_and_run_nothing(tmp_path, flags, expected, absent):
+    result = ppo_train("+experiment=gsm8k", *flags, "gae.lam=0.9", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout and absent not in result.stdout
+    if "hydra" not in flags:
+        assert "lam: 0.9\n" in result.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_hydra_info_flag_describes_the_app(tmp_path):
+    result = ppo_train("+experiment=gsm8k", "--info", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Config search path" in result.stdout
+
+
+def test_hydra_flags_do_not_hide_a_bad_override(tmp_path):
+    result = ppo_train("--cfg", "job", "gae.gama=0.9", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "gae.gama" in result.stderr
+
+
+def test_short_multirun_flag_sweeps(tmp_path):
+    result = ppo_train("-m", "+experiment=smoke", "trainer.dry_run=true", "gae.lam=0.9,0.95", "hydra.sweep.dir=sweep",
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
