@@ -148,7 +148,8 @@ def build_eval_sampler(
         return VllmSampler(model_dir, cfg, dtype=dtype, max_model_len=max_prompt_length + cfg.max_new_tokens,
                            trust_remote_code=trust_remote_code)
     logger.info("eval: greedy decoding with Hugging Face generate")
-    return HFSampler.from_pretrained(model_dir, cfg, batch_size=eval_cfg.batch_size, dtype=dtype,
+    # rows per generate call as in training's validation: padding, and so the numerics, match
+    return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
                                      trust_remote_code=trust_remote_code)
 
 
