@@ -177,9 +177,9 @@ def run_summary(
         f"  last checkpoint:  {last_dir if last_dir is not None else 'none'}",
         f"  plots:            {plots if plots.is_file() else 'not written (needs matplotlib)'}",
     ]
-    target = best_dir or last_dir
-    if target is not None:
-        lines.append(f"  evaluate it:      ppo-eval model.path={target}")
+    if best_dir is not None or last_dir is not None:
+        which = "best" if best_dir is not None else "last"
+        lines.append(f"  evaluate {which}:    ppo-eval model.path={best_dir or last_dir}")
     return "\n".join(lines)
 
 

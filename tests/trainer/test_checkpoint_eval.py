@@ -209,3 +209,18 @@ def test_critic_loads_as_token_classification_with_the_trainers_values(run):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits[..., 0]
     exported = logits[:, P - 1 : P + T - 1] * batch.response_mask
     torch.testing.assert_close(exported, values, atol=1e-5, rtol=0)
+
+
+def test_a_first_sigint_saves_and_ends_with_the_block(tmp_path, monkeypatch, capsys):
+    """The reward function of step 1 sends SIGINT: the step finishes, is saved, and the block says so."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "checkpoint_eval_sigint_reward.py").write_text(
+        "import os, signal\nsent = []\n\ndef reward(response, ground_truth):\n"
+        "    if not sent:\n        sent.append(1)\n        os.kill(os.getpid(), signal.SIGINT)\n    return 0.0\n")
+    out = tmp_path / "run"
+    run_training(compose(["+experiment=smoke", "trainer.loggers=[jsonl]", "reward.fn=checkpoint_eval_sigint_reward:reward",
+                          "data.arithmetic.val_size=2", f"trainer.output_dir={out}"]))
+    printed = capsys.readouterr().out
+    assert "run stopped by SIGINT after step 1 of 4; rerun the same command to continue" in printed
+    assert f"last checkpoint:  {out / 'checkpoints' / 'global_step_1'}" in printed
+    assert f"ppo-eval model.path={out / 'checkpoints' / 'global_step_1'}" in printed  # no validation yet: the last
