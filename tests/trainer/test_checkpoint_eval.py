@@ -89,6 +89,21 @@ def test_ppo_eval_of_a_checkpoint_gives_the_runs_validation_of_that_step(run, fo
     assert "95% CI" in capsys.readouterr().out
 
 
+def test_a_lora_adapter_outside_a_run_is_applied_to_the_base_it_names(run, tmp_path, monkeypatch):
+    """Without the run's folder around it, the adapter's base_model_name_or_path is the base;
+    the run's settings come from the command line."""
+    import shutil
+
+    out, _ = run
+    hf_only(monkeypatch)  # the run's sampler; without a run, ppo-eval would pick vLLM when installed
+    shutil.copytree(out / "checkpoints" / "global_step_3" / "actor", tmp_path / "adapter")
+    overrides = [o for o in RUN if o.startswith(("+experiment", "reward.", "eval.", "data."))]
+    (result,) = run_eval([*overrides, f"model.path={tmp_path / 'adapter'}", f"trainer.output_dir={tmp_path}"])
+    val = metrics(out)[3]
+    assert result["step"] is None
+    assert (result["accuracy"], result["mean_score"]) == (val["val/accuracy"], val["val/score/mean"])
+
+
 def test_several_models_are_evaluated_on_the_same_problems_in_one_table(run, capsys):
     out, _ = run
     best = (out / "checkpoints" / "best").read_text().strip()
