@@ -312,8 +312,9 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     """`ppo-eval` with command-line overrides: every `model.path` on the same problems.
 
-    Each result gets `model` (the path as given) and `step` (of a checkpoint, else None); the console shows accuracy with its Wilson
-    95% interval and the number of problems (a table for several models). Responses go to
+    Each result gets `model` (the path as given) and `step` (of a checkpoint, else None). The
+    console shows accuracy with its Wilson 95% interval and the number of problems (one table
+    for several models). Responses go to
     eval.output_file (default `<trainer.output_dir>/eval.jsonl`; with several models, numbered
     `eval.0.jsonl`, `eval.1.jsonl`, ...).
     """

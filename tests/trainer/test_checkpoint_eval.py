@@ -69,7 +69,8 @@ def test_validation_uses_eval_limit_and_max_new_tokens_like_ppo_eval(run, tmp_pa
     overrides = [o for o in RUN if o.startswith(("+experiment", "reward.", "eval.", "data.", "model.lora"))]
     (result,) = run_eval([*overrides, "model.path=random:tiny", f"trainer.output_dir={tmp_path}"])
     assert result["num_examples"] == 10
-    assert (result["accuracy"], result["mean_score"]) == (metrics(out)[0]["val/accuracy"], metrics(out)[0]["val/score/mean"])
+    val = metrics(out)[0]
+    assert (result["accuracy"], result["mean_score"]) == (val["val/accuracy"], val["val/score/mean"])
     rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert max(len(r["response"]) for r in rows) <= 6  # one character per token: eval.max_new_tokens
 
@@ -233,8 +234,8 @@ def test_a_first_sigint_saves_and_ends_with_the_block(tmp_path, monkeypatch, cap
         "import os, signal\nsent = []\n\ndef reward(response, ground_truth):\n"
         "    if not sent:\n        sent.append(1)\n        os.kill(os.getpid(), signal.SIGINT)\n    return 0.0\n")
     out = tmp_path / "run"
-    run_training(compose(["+experiment=smoke", "trainer.loggers=[jsonl]", "reward.fn=checkpoint_eval_sigint_reward:reward",
-                          "data.arithmetic.val_size=2", f"trainer.output_dir={out}"]))
+    run_training(compose(["+experiment=smoke", "trainer.loggers=[jsonl]", "data.arithmetic.val_size=2",
+                          "reward.fn=checkpoint_eval_sigint_reward:reward", f"trainer.output_dir={out}"]))
     printed = capsys.readouterr().out
     assert "run stopped by SIGINT after step 1 of 4; rerun the same command to continue" in printed
     assert f"last checkpoint:  {out / 'checkpoints' / 'global_step_1'}" in printed
