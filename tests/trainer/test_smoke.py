@@ -62,6 +62,7 @@ def test_checkpoints_follow_the_layout_and_rotation(uninterrupted):
                                                              "global_step_6", "latest"]
     step = checkpoints / "global_step_6"
     assert (step / "actor" / "config.json").is_file()
+    assert not (step / "actor_merged").exists()  # only a LoRA actor gets a merged export
     assert (step / "critic" / "config.json").is_file()
     assert (step / "state" / "trainer.json").is_file()
     assert (step / "state" / "actor").is_dir() and (step / "state" / "critic").is_dir()
