@@ -1,11 +1,14 @@
 """Checkpoint layout, atomic commits, rotation and resume resolution.
 
     checkpoints/global_step_N/actor/     HF export (config, safetensors, tokenizer; LoRA: adapter)
-    checkpoints/global_step_N/critic/    HF export of the ValueModel
+    checkpoints/global_step_N/actor_merged/  LoRA only: the adapter merged into its base (plain HF)
+    checkpoints/global_step_N/critic/    the value model as an HF token-classification model
     checkpoints/global_step_N/state/     exact-resume state: actor/ and critic/ (DCP: fp32 master
                                          weights, optimizer, scheduler), trainer.json (step,
                                          dataloader position, KL controller), rng.pt
     checkpoints/latest                   names the last complete step, written last
+    checkpoints/best                     names the step with the best trainer.objective so far;
+                                         rotation keeps that step
 
 A checkpoint is written into a hidden temporary folder, fsynced, then renamed into place, and
 only then does `latest` move (itself replaced atomically). A crash at any moment therefore
@@ -54,8 +57,9 @@ def begin(output_dir: Path, step: int) -> Path:
     return staging
 
 
-def commit(output_dir: Path, step: int, keep_last: int) -> Path:
-    """fsync the staged step, rename it into place, point `latest` at it, rotate old steps."""
+def commit(output_dir: Path, step: int, keep_last: int, best: bool = False) -> Path:
+    """fsync the staged step, rename it into place, point `latest` (and, if `best`, `best`) at it,
+    rotate old steps."""
     staging = staging_dir(output_dir, step)
     _fsync_tree(staging)
     final = step_dir(output_dir, step)
@@ -63,14 +67,21 @@ def commit(output_dir: Path, step: int, keep_last: int) -> Path:
         shutil.rmtree(final)
     os.replace(staging, final)
     _fsync_dir(final.parent)
-    latest = checkpoints_dir(output_dir) / "latest"
-    tmp = latest.with_name(".latest.tmp")
-    tmp.write_text(final.name + "\n")
-    _fsync_file(tmp)
-    os.replace(tmp, latest)
-    _fsync_dir(latest.parent)
+    if best:
+        write_pointer(output_dir, "best", step)
+    write_pointer(output_dir, "latest", step)
     rotate(output_dir, keep_last)
     return final
+
+
+def write_pointer(output_dir: Path, name: str, step: int) -> None:
+    """checkpoints/<name> (`latest`, `best`) names global_step_<step>; replaced atomically."""
+    pointer = checkpoints_dir(output_dir) / name
+    tmp = pointer.with_name(f".{name}.tmp")
+    tmp.write_text(step_dir(output_dir, step).name + "\n")
+    _fsync_file(tmp)
+    os.replace(tmp, pointer)
+    _fsync_dir(pointer.parent)
 
 
 def complete_steps(output_dir: Path) -> list[int]:
@@ -82,22 +93,30 @@ def complete_steps(output_dir: Path) -> list[int]:
 
 
 def rotate(output_dir: Path, keep_last: int) -> None:
-    """Remove all but the newest `keep_last` checkpoints, and leftover staging folders."""
+    """Remove all but the newest `keep_last` checkpoints and the one `best` names, and leftover
+    staging folders."""
+    best = read_pointer(checkpoints_dir(output_dir) / "best")
     for step in complete_steps(output_dir)[:-keep_last]:
-        shutil.rmtree(step_dir(output_dir, step))
+        if best is None or step_dir(output_dir, step) != best:
+            shutil.rmtree(step_dir(output_dir, step))
     for leftover in checkpoints_dir(output_dir).glob(".incomplete_global_step_*"):
         shutil.rmtree(leftover)
 
 
 def latest_checkpoint(output_dir: Path) -> Optional[Path]:
     """The folder `latest` names, or None when there is no checkpoint yet."""
-    latest = checkpoints_dir(output_dir) / "latest"
-    if not latest.exists():
+    return read_pointer(checkpoints_dir(output_dir) / "latest")
+
+
+def read_pointer(pointer: Path) -> Optional[Path]:
+    """The step folder a pointer file (checkpoints/latest or checkpoints/best) names; None if
+    the file does not exist."""
+    if not pointer.is_file():
         return None
-    name = latest.read_text().strip()
-    folder = checkpoints_dir(output_dir) / name
+    name = pointer.read_text().strip()
+    folder = pointer.parent / name
     if not STEP_DIR.match(name) or not folder.is_dir():
-        raise CheckpointError(f"{latest} names '{name}', which is not a checkpoint folder; "
+        raise CheckpointError(f"{pointer} names '{name}', which is not a checkpoint folder; "
                               "remove the file to start over, or pass trainer.resume=PATH")
     return folder
 
@@ -113,6 +132,12 @@ def resolve_resume(output_dir: Path, resume: str) -> Optional[Path]:
         raise CheckpointError(f"trainer.resume={resume}: not a complete checkpoint folder "
                               "(expected state/trainer.json inside checkpoints/global_step_N)")
     return folder
+
+
+def checkpoint_part(path: str, part: str) -> str:
+    """`path`, or its `part` subfolder (actor, critic) when `path` is a global_step_N folder."""
+    folder = Path(path).expanduser()
+    return str(folder / part) if STEP_DIR.match(folder.name) and (folder / part).is_dir() else path
 
 
 def save_trainer_state(folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:

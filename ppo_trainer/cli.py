@@ -288,13 +288,15 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
     _quiet_third_party_logs()
     if any(a in ("-h", "--help") for a in argv):
         print("usage: ppo-eval [key=value ...]   e.g. ppo-eval model.path=embedded:smollm2-135m-instruct "
-              "data.source=files data.val_files=[test.jsonl] eval.limit=64")
+              "data.source=files data.val_files=[test.jsonl] eval.limit=64\n"
+              "model.path: a model folder or name, a checkpoint's actor folder, a global_step_N folder, "
+              "checkpoints/latest or checkpoints/best, or a run's output folder (a checkpoint is evaluated "
+              "with its run's config.yaml); model.path=[A,B] compares several on the same problems")
         return
     try:
-        cfg = compose([a for a in argv if not a.startswith("-")])
         from ppo_trainer.evaluate import run_eval
 
-        run_eval(cfg)
+        run_eval([a for a in argv if not a.startswith("-")])
     except ConfigError as e:
         print(f"ppo-eval: config error: {e}", file=sys.stderr)
         sys.exit(2)

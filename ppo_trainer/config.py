@@ -227,7 +227,8 @@ class TrainerConfig:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     log_samples: int = 4  # samples per step written to samples.jsonl
     max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
-    objective: str = "val/accuracy"  # metric returned to Hydra sweepers
+    objective: str = "val/accuracy"  # metric returned to Hydra sweepers; checkpoints/best follows it
+    objective_direction: str = "maximize"  # maximize | minimize: which objective value is best
 
 
 @dataclass
@@ -397,6 +398,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _one_of(cfg, "data.bad_rows", ("error", "skip"))
     _one_of(cfg, "reward.mode", ("strict", "flexible"))
     _one_of(cfg, "reward.on_error", ("raise", "zero"))
+    _one_of(cfg, "trainer.objective_direction", ("maximize", "minimize"))
     for logger in t.loggers:
         _require(logger in ("console", "jsonl", "tensorboard", "wandb", "mlflow"), "trainer.loggers",
                  f"has {logger!r}; allowed values: console, jsonl, tensorboard, wandb, mlflow")

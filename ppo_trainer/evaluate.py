@@ -1,20 +1,34 @@
-"""`ppo-eval`: greedy accuracy of a model on prompt records, with every response written to jsonl.
+"""`ppo-eval`: greedy accuracy of models on prompt records, with every response written to jsonl.
 
-Greedy decoding runs through vLLM when it is installed (much faster), else through the Hugging
-Face sampler. A response is correct when the reward function gives it at least
-`reward.correct_score` (the trainer's `val/accuracy` uses the same rule).
+`evaluate_records` is the one evaluation function: the trainer's validation (`val/accuracy`) and
+`ppo-eval` both call it, with eval.limit, eval.batch_size and eval.max_new_tokens, so the two
+measure the same thing. A response is correct when the reward function gives it at least
+`reward.correct_score`.
+
+`model.path` of `ppo-eval` may name a model folder (or anything `resolve_model_path` accepts), an
+actor folder of a checkpoint (full, or a LoRA adapter, then applied to its base), a
+`global_step_N` folder (its merged LoRA export, else its actor), a pointer file
+(`checkpoints/latest`, `checkpoints/best`: the step it names) or a run's output folder (its
+latest checkpoint). For a checkpoint of a run, the run's `config.yaml` supplies data, prompt
+format, reward, eval settings and sampler, with the command-line overrides on top. Greedy
+decoding then runs with the run's sampler; otherwise through vLLM when it is installed, else
+through the Hugging Face sampler.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
+import math
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ppo_trainer.config import EvalConfig, SamplerConfig
+from ppo_trainer.batch import Batch
+from ppo_trainer.config import ConfigError, EvalConfig, SamplerConfig
 from ppo_trainer.data.datasets import PromptRecord
 from ppo_trainer.rewards.loader import RewardFn, score_all
 from ppo_trainer.rewards.math import extract_flexible, extract_strict
@@ -23,25 +37,32 @@ from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 logger = logging.getLogger("ppo_trainer")
 
 Extractor = Callable[[str], Optional[str]]
+GenerateFn = Callable[[Batch], Batch]  # greedy responses (n=1) to a prompt-only batch
+Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
 
 
 def evaluate_records(
-    sampler: Sampler,
+    generate: GenerateFn,
     records: Sequence[PromptRecord],
     reward_fn: RewardFn,
     *,
     pad_id: int,
+    limit: Optional[int] = None,
     batch_size: int = 64,
     correct_score: float = 1.0,
+    on_error: str = "raise",
     extract: Extractor = extract_strict,
     output_file: Optional[str | Path] = None,
 ) -> dict[str, Any]:
-    """Greedy responses of `sampler` to `records`, scored; one jsonl row per record if `output_file`.
+    """Greedy responses (`generate`) to the first `limit` records (all if None), in batches of
+    `batch_size`, scored with `reward_fn` (`on_error` as reward.on_error); one jsonl row per
+    record if `output_file`.
 
     Rows: index, question, response, extracted (the answer `extract` reads, or null),
     ground_truth, score, correct, truncated. Returns accuracy (fraction with score >=
-    correct_score), mean_score, truncated_fraction, num_examples, output_file.
+    correct_score), num_correct, mean_score, truncated_fraction, num_examples, output_file.
     """
+    records = list(records)[:limit] if limit is not None else list(records)
     if not records:
         raise ValueError("evaluate: no records to evaluate")
     rows: list[dict[str, Any]] = []
@@ -49,8 +70,8 @@ def evaluate_records(
         chunk = records[start : start + batch_size]
         prompts = prompts_to_batch([r.prompt_ids for r in chunk], pad_id, prompt_text=[r.question for r in chunk],
                                    ground_truth=[r.ground_truth for r in chunk], prompt_index=[r.index for r in chunk])
-        out = sampler.generate(prompts, 1, seed=0, greedy=True)
-        scores, _ = score_all(reward_fn, out.response_text, out.ground_truth)
+        out = generate(prompts)
+        scores, _ = score_all(reward_fn, out.response_text, out.ground_truth, on_error)
         for record, response, score, truncated in zip(chunk, out.response_text, scores, out.truncated.tolist()):
             rows.append({
                 "index": record.index,
@@ -71,13 +92,35 @@ def evaluate_records(
         with path.open("w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+    correct = sum(r["correct"] for r in rows)
     return {
-        "accuracy": sum(r["correct"] for r in rows) / len(rows),
+        "accuracy": correct / len(rows),
+        "num_correct": correct,
         "mean_score": sum(r["score"] for r in rows) / len(rows),
         "truncated_fraction": sum(r["truncated"] for r in rows) / len(rows),
         "num_examples": len(rows),
         "output_file": None if output_file is None else str(output_file),
     }
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% for the default z).
+
+    Unlike p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse to a point at 0
+    or n successes, which matters for the small accuracies and problem counts of evaluations.
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def extractor(mode: str) -> Extractor:
+    """The answer extraction of reward.mode ("strict": '#### N', "flexible": the last number)."""
+    return extract_flexible if mode == "flexible" else extract_strict
 
 
 def build_eval_sampler(
@@ -104,8 +147,9 @@ def build_eval_sampler(
         logger.info("eval: greedy decoding with vLLM")
         return VllmSampler(model_dir, cfg, dtype=dtype, max_model_len=max_prompt_length + cfg.max_new_tokens,
                            trust_remote_code=trust_remote_code)
-    logger.info("eval: greedy decoding with Hugging Face generate (vLLM is not installed)")
-    return HFSampler.from_pretrained(model_dir, cfg, batch_size=eval_cfg.batch_size, dtype=dtype,
+    logger.info("eval: greedy decoding with Hugging Face generate")
+    # rows per generate call as in training's validation: padding, and so the numerics, match
+    return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
                                      trust_remote_code=trust_remote_code)
 
 
@@ -118,6 +162,7 @@ def evaluate(
     *,
     dtype: str = "bfloat16",
     correct_score: float = 1.0,
+    on_error: str = "raise",
     extract: Extractor = extract_strict,
     engine: str = "auto",
     output_file: Optional[str | Path] = None,
@@ -126,7 +171,8 @@ def evaluate(
     """Greedy accuracy of the model in `model_dir` on the first `eval.limit` records (all if None).
 
     The sampler uses `sampler_cfg`'s stop strings and engine settings with eval.max_new_tokens;
-    prompts go in batches of eval.batch_size. See `evaluate_records` for the result and jsonl rows.
+    prompts go in batches of eval.batch_size. See `evaluate_records` for the result and jsonl
+    rows; `seconds` is added.
     """
     from ppo_trainer.models.loading import load_tokenizer
 
@@ -138,33 +184,190 @@ def evaluate(
                                  max_prompt_length=max(len(r.prompt_ids) for r in records),
                                  trust_remote_code=trust_remote_code)
     start = time.perf_counter()
-    result = evaluate_records(sampler, records, reward_fn, pad_id=pad_id, batch_size=eval_cfg.batch_size,
-                              correct_score=correct_score, extract=extract, output_file=output_file)
+    try:
+        result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
+                                  reward_fn, pad_id=pad_id, batch_size=eval_cfg.batch_size,
+                                  correct_score=correct_score, on_error=on_error, extract=extract,
+                                  output_file=output_file)
+    finally:
+        del sampler
+        gc.collect()  # the next model's engine gets the memory
     result["seconds"] = time.perf_counter() - start
     return result
 
 
-def run_eval(cfg: Any) -> dict[str, Any]:
-    """`ppo-eval` on a validated (typed) config: model.path on the data group's validation split.
+# ---------------------------------------------------------------------------------- ppo-eval
 
-    Writes eval.output_file (default `<trainer.output_dir>/eval.jsonl`) and prints one summary line.
+
+@dataclasses.dataclass(frozen=True)
+class EvalTarget:
+    """One `model.path` of ppo-eval: what to load, and the run it comes from (if any)."""
+
+    path: str  # as given
+    model_dir: Path  # a Hugging Face causal-LM folder
+    run_dir: Optional[Path] = None  # the run's output folder (holds config.yaml)
+    step: Optional[int] = None
+
+
+def resolve_target(path: str, scratch: Path) -> EvalTarget:
+    """Where `path` (see the module docstring) points: the model folder to load and the run.
+
+    A LoRA adapter is merged into its base (the run's model.path, else the adapter's
+    base_model_name_or_path) in a folder under `scratch`.
+    """
+    from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
+    from ppo_trainer.models.loading import ModelPathError, resolve_model_path
+
+    local = Path(path).expanduser()
+    step_folder: Optional[Path] = None
+    actor: Optional[Path] = None
+    if local.is_file() and local.parent.name == "checkpoints":  # checkpoints/latest or checkpoints/best
+        step_folder = read_pointer(local)
+    elif local.is_dir() and (local / "checkpoints").is_dir() and not (local / "config.json").is_file():
+        step_folder = latest_checkpoint(local)
+        if step_folder is None:
+            raise ModelPathError(f"model.path='{path}': the run holds no checkpoint yet")
+    elif local.is_dir() and STEP_DIR.match(local.name):
+        step_folder = local
+    elif local.is_dir() and STEP_DIR.match(local.parent.name):
+        step_folder, actor = local.parent, local
+    if step_folder is None:
+        if (local / "adapter_config.json").is_file():
+            return EvalTarget(path, _merge_adapter(local, None, scratch))
+        return EvalTarget(path, resolve_model_path(path))
+
+    run_dir = step_folder.parent.parent
+    run_dir = run_dir if (run_dir / "config.yaml").is_file() else None
+    step = int(STEP_DIR.match(step_folder.name).group(1))
+    if actor is None:
+        merged = step_folder / "actor_merged"
+        actor = merged if (merged / "config.json").is_file() else step_folder / "actor"
+    if (actor / "adapter_config.json").is_file():
+        return EvalTarget(path, _merge_adapter(actor, run_dir, scratch), run_dir, step)
+    if not (actor / "config.json").is_file():
+        raise ModelPathError(f"model.path='{path}': {actor} holds neither a model (config.json) nor a LoRA adapter")
+    return EvalTarget(path, actor, run_dir, step)
+
+
+def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Path:
+    """The LoRA adapter in `adapter` merged into its base model, saved as a model folder."""
+    import torch
+    from omegaconf import OmegaConf
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ppo_trainer.models.loading import resolve_model_path
+
+    if run_dir is not None:
+        base = OmegaConf.load(run_dir / "config.yaml").model.path
+    else:
+        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base_dir = resolve_model_path(base)
+    logger.info("eval: applying the LoRA adapter %s to its base %s", adapter, base_dir)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
+                                      str(adapter)).merge_and_unload()
+    out = Path(tempfile.mkdtemp(prefix="merged-", dir=scratch))
+    model.save_pretrained(out)
+    has_tokenizer = (adapter / "tokenizer_config.json").is_file()
+    AutoTokenizer.from_pretrained(adapter if has_tokenizer else base_dir).save_pretrained(out)
+    return out
+
+
+def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The `model.path` values of the overrides (one, or a list `[A,B]`) and the other overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    paths: list[str] = []
+    rest: list[str] = []
+    for override in overrides:
+        if override.partition("=")[0] != "model.path":
+            rest.append(override)
+            continue
+        value = OverridesParser.create().parse_overrides([override])[0].value()
+        paths = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return paths, rest
+
+
+def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
+    """The typed config of an evaluation: the run's config.yaml (when evaluating a checkpoint of
+    a run) with each key or group that `overrides` name taken from `composed` (the defaults
+    composed with the overrides); without a run, `composed` itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from ppo_trainer.config import validate_static
+
+    if run_dir is None:
+        return composed
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if key == "experiment":
+            raise ConfigError(f"+experiment does not apply to a checkpoint: {run_dir}/config.yaml gives the run's "
+                              "settings; override single keys instead")
+        OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
+    return validate_static(cfg)
+
+
+def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
+    """`ppo-eval` with command-line overrides: every `model.path` on the same problems.
+
+    Each result gets `model` (the path as given) and `step` (of a checkpoint, else None). The
+    console shows accuracy with its Wilson 95% interval and the number of problems (one table
+    for several models). Responses go to
+    eval.output_file (default `<trainer.output_dir>/eval.jsonl`; with several models, numbered
+    `eval.0.jsonl`, `eval.1.jsonl`, ...).
     """
     from omegaconf import OmegaConf
 
+    from ppo_trainer.cli import compose
     from ppo_trainer.data import load_prompts
-    from ppo_trainer.models.loading import load_tokenizer, resolve_model_path
+    from ppo_trainer.models.loading import load_tokenizer
     from ppo_trainer.rewards.loader import load_reward_fn
 
-    model_dir = resolve_model_path(cfg.model.path)
-    records = load_prompts(cfg.data, load_tokenizer(model_dir), "val")
-    eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
-    output_file = eval_cfg.output_file or str(Path(cfg.trainer.output_dir) / "eval.jsonl")
-    result = evaluate(
-        model_dir, records, OmegaConf.to_object(cfg.sampler), eval_cfg, load_reward_fn(cfg.reward),
-        dtype=cfg.model.dtype, correct_score=cfg.reward.correct_score,
-        extract=extract_flexible if cfg.reward.mode == "flexible" else extract_strict,
-        output_file=output_file, trust_remote_code=cfg.model.trust_remote_code,
-    )
-    print(f"ppo-eval: accuracy {result['accuracy']:.4f} on {result['num_examples']} prompts "
-          f"({cfg.model.path}, reward.mode={cfg.reward.mode}); responses in {output_file}")
-    return result
+    paths, rest = model_paths(overrides)
+    composed = compose(rest)
+    paths = paths or [composed.model.path]  # the model of an experiment, or the default
+    with tempfile.TemporaryDirectory(prefix="ppo-eval-") as scratch:
+        targets = [resolve_target(p, Path(scratch)) for p in paths]
+        run_dir = next((t.run_dir for t in targets if t.run_dir is not None), None)
+        cfg = eval_config(composed, rest, run_dir)
+        if run_dir is not None:
+            logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
+        eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
+        default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
+        reward_fn = load_reward_fn(cfg.reward)
+        results = []
+        for i, target in enumerate(targets):
+            output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
+            records = load_prompts(cfg.data, load_tokenizer(target.model_dir), "val")
+            result = evaluate(
+                target.model_dir, records, OmegaConf.to_object(cfg.sampler), eval_cfg, reward_fn,
+                dtype=cfg.model.dtype, correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
+                extract=extractor(cfg.reward.mode), engine=cfg.sampler.name if run_dir is not None else "auto",
+                output_file=output_file, trust_remote_code=cfg.model.trust_remote_code,
+            )
+            results.append({"model": target.path, "step": target.step, **result})
+    print(format_results(results, cfg.reward.mode))
+    return results
+
+
+def format_results(results: list[dict[str, Any]], reward_mode: str) -> str:
+    """One line for one model; a table (one row per model) for several."""
+    def interval(r: dict[str, Any]) -> str:
+        low, high = wilson_interval(r["num_correct"], r["num_examples"])
+        return f"{low:.3f}-{high:.3f}"
+
+    def model(r: dict[str, Any]) -> str:
+        return r["model"] if r["step"] is None else f"{r['model']} (step {r['step']})"
+
+    if len(results) == 1:
+        r = results[0]
+        return (f"ppo-eval: accuracy {r['accuracy']:.4f} (95% CI {interval(r)}) on {r['num_examples']} problems "
+                f"({model(r)}, reward.mode={reward_mode}); responses in {r['output_file']}")
+    header = ("model", "accuracy", "95% CI", "problems", "mean score", "responses")
+    rows = [(model(r), f"{r['accuracy']:.4f}", interval(r), str(r["num_examples"]), f"{r['mean_score']:.4f}",
+             r["output_file"]) for r in results]
+    widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return f"ppo-eval: {len(results)} models on the same problems (reward.mode={reward_mode})\n" + "\n".join(lines)

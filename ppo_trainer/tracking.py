@@ -137,6 +137,58 @@ class Tracker:
         write_plots(self.metrics_path, self.output_dir / "plots.png")
 
 
+def run_summary(
+    output_dir: Path,
+    *,
+    steps: tuple[int, int, int],
+    seconds: float,
+    objective_name: str,
+    final: tuple[Optional[int], Optional[float]],
+    best: tuple[Optional[int], Optional[float]],
+    best_dir: Optional[Path],
+    last_dir: Optional[Path],
+    stopped_by: Optional[str] = None,
+) -> str:
+    """The block printed when a run ends (or a signal stops it after saving): steps done, final
+    and best objective with their steps, wall time, best and last checkpoints, plots.png, and
+    the ppo-eval command for the best checkpoint.
+
+    steps: (first step of this invocation, last step done, trainer.total_steps); final and best:
+    (step, value) or (None, None).
+    """
+    first, done, total = steps
+    if stopped_by is not None:
+        head = f"run stopped by {stopped_by} after step {done} of {total}; rerun the same command to continue"
+    elif done < total:
+        head = f"run paused after step {done} of {total} (trainer.stop_after_steps); rerun the same command to continue"
+    else:
+        head = f"run finished: {done} of {total} steps"
+
+    def value(step_value: tuple[Optional[int], Optional[float]]) -> str:
+        step, number = step_value
+        return "n/a" if step is None else f"{number:.4g} (step {step})"
+
+    plots = output_dir / "plots.png"
+    lines = [
+        head,
+        f"  steps this run:   {first} -> {done} in {_duration(seconds)}",
+        f"  objective:        {objective_name} final {value(final)}, best {value(best)}",
+        f"  best checkpoint:  {best_dir if best_dir is not None else 'none (no validation improved it yet)'}",
+        f"  last checkpoint:  {last_dir if last_dir is not None else 'none'}",
+        f"  plots:            {plots if plots.is_file() else 'not written (needs matplotlib)'}",
+    ]
+    if best_dir is not None or last_dir is not None:
+        which = "best" if best_dir is not None else "last"
+        lines.append(f"  evaluate {which}:    ppo-eval model.path={best_dir or last_dir}")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
 def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     parts = [f"step {step}/{total}"]
     for key, label, fmt in CONSOLE_COLUMNS:

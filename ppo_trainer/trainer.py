@@ -3,7 +3,8 @@
 
     generate -> reward -> old logprobs -> reference logprobs -> values -> GAE
     -> critic update -> actor update (after critic_warmup) -> weight sync -> metrics,
-    validation every trainer.val_every steps, checkpoint every trainer.save_every steps.
+    validation every trainer.val_every steps, checkpoint every trainer.save_every steps, and
+    whenever a validation improves trainer.objective (checkpoints/best names that step).
 
 The driver holds no model: it moves `Batch`es between worker groups and does the pure
 advantage math of `ppo_trainer.core` itself.
@@ -12,6 +13,7 @@ advantage math of `ppo_trainer.core` itself.
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import signal
 import time
@@ -37,9 +39,10 @@ from ppo_trainer.core import (
     token_rewards,
 )
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
+from ppo_trainer.evaluate import evaluate_records
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
 from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
-from ppo_trainer.tracking import Tracker, mask_secrets
+from ppo_trainer.tracking import Tracker, mask_secrets, run_summary
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import uses_reference
 
@@ -89,6 +92,7 @@ class Trainer:
         self.uses_reference = uses_reference(cfg)
         self.step = 0
         self.nonfinite_streak = {"actor": 0, "critic": 0}  # PPO steps in a row with skipped updates
+        self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
         self._stop_requested: Optional[str] = None
 
     # ------------------------------------------------------------------------------ building
@@ -124,28 +128,34 @@ class Trainer:
         """Run to trainer.total_steps (or trainer.stop_after_steps); returns the objective metric
         of the last step that reported it (trainer.objective), for sweepers."""
         t = self.cfg.trainer
+        started, first_step = time.time(), self.step
         tracker = Tracker(self.output_dir, list(t.loggers), t.total_steps, self.step,
                           OmegaConf.to_container(self.cfg), t.experiment_name)
         objective: Optional[float] = None
+        objective_step: Optional[int] = None
         previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.step == 0:
                 metrics = self.validate()
                 tracker.log(0, metrics)
-                objective = metrics.get(t.objective, objective)
+                if t.objective in metrics:
+                    objective, objective_step = metrics[t.objective], 0
             last = min(t.total_steps, t.stop_after_steps or t.total_steps)
             while self.step < last:
                 self.step += 1
                 metrics, samples = self.train_step(self.step)
                 final = self.step == t.total_steps
-                if final or (t.val_every and self.step % t.val_every == 0):
+                validated = final or (t.val_every and self.step % t.val_every == 0)
+                if validated:
                     metrics.update(self.validate())
                 tracker.log(self.step, metrics)
                 tracker.log_samples(self.step, samples)
-                objective = metrics.get(t.objective, objective)
+                if t.objective in metrics:
+                    objective, objective_step = metrics[t.objective], self.step
+                best = bool(validated) and self.record_best(metrics.get(t.objective))
                 stopping = self._stop_requested is not None or self.step == last
-                if stopping or (t.save_every and self.step % t.save_every == 0):
-                    self.save()
+                if best or stopping or (t.save_every and self.step % t.save_every == 0):
+                    self.save(best=best)
                 if self._stop_requested is not None:
                     log.warning("%s received: saved step %d; rerun the same command to continue",
                                 self._stop_requested, self.step)
@@ -154,7 +164,32 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             tracker.close()
+        print(self.summary(first_step, time.time() - started, objective, objective_step), flush=True)
         return objective
+
+    def record_best(self, value: Optional[float]) -> bool:
+        """True (and remembered) when a validated objective beats the best so far, in the
+        direction of trainer.objective_direction; NaN and missing values never do."""
+        if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        best = None if self.best is None else self.best["value"]
+        maximize = self.cfg.trainer.objective_direction == "maximize"
+        if best is not None and not (value > best if maximize else value < best):
+            return False
+        self.best = {"step": self.step, "value": float(value)}
+        return True
+
+    def summary(self, first_step: int, seconds: float, objective: Optional[float],
+                objective_step: Optional[int]) -> str:
+        """The end-of-run block (see `tracking.run_summary`) for this invocation."""
+        t = self.cfg.trainer
+        best = self.best or {}
+        return run_summary(
+            self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=seconds,
+            objective_name=t.objective, final=(objective_step, objective), best=(best.get("step"), best.get("value")),
+            best_dir=checkpoint.read_pointer(checkpoint.checkpoints_dir(self.output_dir) / "best"),
+            last_dir=checkpoint.latest_checkpoint(self.output_dir), stopped_by=self._stop_requested,
+        )
 
     def _request_stop(self, signum: int, _frame: Any) -> None:
         if self._stop_requested is not None:
@@ -312,31 +347,33 @@ class Trainer:
     # ------------------------------------------------------------------------------ validation
 
     def validate(self) -> dict[str, float]:
-        """Greedy responses to every validation prompt; val/accuracy is the fraction scoring at
-        least reward.correct_score, val/score/mean the mean score."""
-        scores: list[float] = []
-        size = self.cfg.eval.batch_size
+        """Greedy responses to the first eval.limit validation prompts (all if null), at most
+        eval.max_new_tokens each, through the evaluation function `ppo-eval` uses; val/accuracy
+        is the fraction scoring at least reward.correct_score, val/score/mean the mean score."""
+        e = self.cfg.eval
+
+        def greedy(prompts: Batch) -> Batch:
+            return self.rollout.run_split("generate", prompts, 1, 0, greedy=True, max_new_tokens=e.max_new_tokens)
+
         self.rollout.run_all("wake")
-        for start in range(0, len(self.val_records), size):
-            prompts = prompt_batch(self.val_records[start : start + size], self.pad_id)
-            out = self.rollout.run_split("generate", prompts, 1, self.cfg.trainer.seed, greedy=True)
-            chunk, _ = score_all(self.reward_fn, out.response_text, out.ground_truth, self.cfg.reward.on_error)
-            scores.extend(chunk)
+        result = evaluate_records(greedy, self.val_records, self.reward_fn, pad_id=self.pad_id, limit=e.limit,
+                                  batch_size=e.batch_size, correct_score=self.cfg.reward.correct_score,
+                                  on_error=self.cfg.reward.on_error)
         self.rollout.run_all("sleep")
-        correct = sum(s >= self.cfg.reward.correct_score for s in scores)
-        return {"val/accuracy": correct / len(scores), "val/score/mean": sum(scores) / len(scores)}
+        return {"val/accuracy": result["accuracy"], "val/score/mean": result["mean_score"]}
 
     # ------------------------------------------------------------------------------ checkpoints
 
-    def save(self) -> Path:
-        """Write checkpoints/global_step_N atomically (staging folder, fsync, rename, `latest`)."""
+    def save(self, best: bool = False) -> Path:
+        """Write checkpoints/global_step_N atomically (staging folder, fsync, rename, `latest`;
+        `best`: this step is the new checkpoints/best)."""
         staging = checkpoint.begin(self.output_dir, self.step)
         self.actor.run_all("save", str(staging))
         self.critic.run_all("save", str(staging))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "model_path": self.cfg.model.path}
+                 "model_path": self.cfg.model.path, "best": self.best}
         checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state()})
-        folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last)
+        folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last, best=best)
         log.info("saved %s", folder)
         return folder
 
@@ -350,6 +387,9 @@ class Trainer:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         torch.set_rng_state(rng["torch"])
         self.step = int(state["step"])
+        self.best = state.get("best")  # absent in checkpoints written before checkpoints/best existed
+        if self.best is not None and checkpoint.step_dir(self.output_dir, self.best["step"]).is_dir():
+            checkpoint.write_pointer(self.output_dir, "best", self.best["step"])
         self.sync_rollout_weights()
         log.info("resumed from %s (step %d)", folder, self.step)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -200,31 +201,46 @@ class ActorEngine:
             state = merge_lora_state_dict(state, self.lora_scalings)
         return state
 
-    def save_hf(self, folder: str | Path) -> None:
+    def save_hf(self, folder: str | Path, merged_folder: Optional[str | Path] = None) -> None:
         """Hugging Face export into `folder`: config, model.safetensors (compute dtype) and the
         tokenizer files of the model folder; with LoRA the adapter (adapter_config.json,
-        adapter_model.safetensors) instead of the weights."""
+        adapter_model.safetensors) instead of the weights, and, when `merged_folder` is given,
+        the adapter merged into the base weights there: a plain model folder that transformers
+        and vLLM load directly."""
         folder = Path(folder)
         state = self._gathered()
         if self.rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-            hf_model = self.policy.hf_model
             if self.policy.is_lora:
                 from peft import get_peft_model_state_dict
                 from safetensors.torch import save_file
 
+                folder.mkdir(parents=True, exist_ok=True)
                 adapter = get_peft_model_state_dict(self.policy.lm, state_dict=state)
                 self.policy.lm.peft_config["default"].save_pretrained(str(folder))
                 save_file({k: v.contiguous() for k, v in adapter.items()}, folder / "adapter_model.safetensors",
                           metadata={"format": "pt"})
+                self._copy_tokenizer(folder)
+                if merged_folder is not None:
+                    self._write_model(Path(merged_folder), merge_lora_state_dict(state, self.lora_scalings))
             else:
-                save_hf_weights(folder, hf_model.config, state, compute_dtype(self.cfg.dtype))
-                if getattr(hf_model, "generation_config", None) is not None:
-                    hf_model.generation_config.save_pretrained(folder)
-            for name in TOKENIZER_FILES:
-                if (self.model_dir / name).is_file():
-                    shutil.copyfile(self.model_dir / name, folder / name)
+                self._write_model(folder, state)
         barrier()
+
+    def _write_model(self, folder: Path, state: dict[str, torch.Tensor]) -> None:
+        """A full model folder: config, weights in the compute dtype, generation config, tokenizer."""
+        hf_model = self.policy.hf_model
+        folder.mkdir(parents=True, exist_ok=True)
+        config = copy.deepcopy(hf_model.config)
+        config.use_cache = True  # off for training; whoever loads the export generates with it
+        save_hf_weights(folder, config, state, compute_dtype(self.cfg.dtype))
+        if getattr(hf_model, "generation_config", None) is not None:
+            hf_model.generation_config.save_pretrained(folder)
+        self._copy_tokenizer(folder)
+
+    def _copy_tokenizer(self, folder: Path) -> None:
+        for name in TOKENIZER_FILES:
+            if (self.model_dir / name).is_file():
+                shutil.copyfile(self.model_dir / name, folder / name)
 
     def save_state(self, folder: str | Path) -> None:
         """Exact-resume state (trainable fp32 weights, AdamW, schedule) into `folder` (DCP)."""

@@ -7,10 +7,15 @@ P+t-1, the same position whose logits give the policy's distribution over token 
 P+t would let the critic see the action it is supposed to evaluate in advance, the classic
 off-by-one of PPO for language models.) GAE then uses V(s_t) and V(s_{t+1}) = values[:, t+1].
 
-Folder format (`save_pretrained`): the backbone as a plain Hugging Face model folder (config.json +
-model.safetensors, loadable with `AutoModel`), plus `value_head.safetensors` (weight [1, H],
-bias [1]) and `value_head.json` (hidden size and format version). `from_pretrained` accepts such a
-folder, or any causal-LM / base-model folder, in which case the head is freshly initialised.
+Folder format (`save_pretrained`): a standard Hugging Face token-classification model with one
+label, as verl saves its critic: config.json (architectures `<Model>ForTokenClassification`,
+num_labels 1) and model.safetensors with the backbone under `model.*` (the class's
+base_model_prefix) and the head as `score.weight` [1, H] / `score.bias` [1]. So
+`AutoModelForTokenClassification.from_pretrained(folder)` loads it, and its per-token output read
+at position P+t-1 is values[:, t]. A model type that transformers has no token-classification
+class for is saved in the older format instead: the backbone as a plain model folder plus
+`value_head.safetensors` and `value_head.json`. `from_pretrained` accepts both formats, or any
+causal-LM / base-model folder, in which case the head is freshly initialised.
 
 Head initialisation: zeros. The first values are then exactly 0 for every state, which is also
 the scale of the returns at the start (scores in [0, 1] land on the last token only); a random
@@ -21,6 +26,7 @@ once the head is non-zero, one step later.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Optional
@@ -72,20 +78,27 @@ class ValueModel(nn.Module):
         Weights are float32 (the master copy; FSDP casts for compute).
         """
         from safetensors.torch import load_file
-        from transformers import AutoModel
+        from transformers import AutoModel, AutoModelForTokenClassification
 
         path = Path(path)
         _reject_lora_folder(path)
-        backbone = AutoModel.from_pretrained(
-            path, dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
-        )
+        kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+        head = None
+        if _is_token_classifier(path):
+            classifier = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
+            backbone, head = getattr(classifier, classifier.base_model_prefix), classifier.score
+            if head.out_features != 1:
+                raise ValueError(f"critic.path '{path}' is a token-classification model with {head.out_features} "
+                                 "labels; a value model has num_labels=1")
+        else:
+            backbone = AutoModel.from_pretrained(path, **kwargs)
         backbone.config.use_cache = False
         if gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = cls(backbone)
-        if (path / VALUE_HEAD_CONFIG).is_file():
-            head = load_file(path / VALUE_HEAD_WEIGHTS)
-            model.value_head.load_state_dict({k: v.float() for k, v in head.items()})
+        model = cls(backbone, head)
+        if (path / VALUE_HEAD_CONFIG).is_file():  # the older format
+            weights = load_file(path / VALUE_HEAD_WEIGHTS)
+            model.value_head.load_state_dict({k: v.float() for k, v in weights.items()})
         return model
 
     def decoder_layers(self) -> list[nn.Module]:
@@ -133,31 +146,60 @@ class ValueModel(nn.Module):
         backbone = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
         head = {k[len("value_head.") :]: v.float().contiguous() for k, v in state.items()
                 if k.startswith("value_head.")}
+        classifier = token_classifier_class(self.backbone.config)
+        if classifier is not None:
+            config = copy.deepcopy(self.backbone.config)
+            config.architectures = [classifier.__name__]
+            config.num_labels = 1
+            prefix = classifier.base_model_prefix
+            save_hf_weights(folder, config, {f"{prefix}.{k}": v for k, v in backbone.items()}, dtype,
+                            keep_dtype={f"score.{k}": v for k, v in head.items()})
+            return
         save_hf_weights(folder, self.backbone.config, backbone, dtype)
         save_file(head, folder / VALUE_HEAD_WEIGHTS)
         info = {"format": FORMAT, "hidden_size": int(head["weight"].shape[1]), "init": "zeros"}
         (folder / VALUE_HEAD_CONFIG).write_text(json.dumps(info, indent=2) + "\n")
 
 
+def token_classifier_class(config: object) -> Optional[type]:
+    """transformers' `<Model>ForTokenClassification` class for this config's model type, if any."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
+
+    name = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.get(getattr(config, "model_type", None))
+    return getattr(transformers, name, None) if name else None
+
+
+def _is_token_classifier(path: Path) -> bool:
+    config = path / "config.json"
+    architectures = json.loads(config.read_text()).get("architectures") or [] if config.is_file() else []
+    return any(a.endswith("ForTokenClassification") for a in architectures)
+
+
 def save_hf_weights(
-    folder: Path, config: object, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None
+    folder: Path,
+    config: object,
+    state: dict[str, torch.Tensor],
+    dtype: Optional[torch.dtype] = None,
+    keep_dtype: Optional[dict[str, torch.Tensor]] = None,
 ) -> None:
-    """config.json + model.safetensors for `state` (HF key names), optionally cast to `dtype`.
+    """config.json + model.safetensors for `state` (HF key names), optionally cast to `dtype`;
+    the tensors of `keep_dtype` are added as they are (e.g. a float32 head).
 
     Tensors that share storage (tied embeddings) are cloned, as safetensors requires.
     """
-    import copy
-
     from safetensors.torch import save_file
 
     config = copy.deepcopy(config)
     if dtype is not None:
         config.dtype = dtype
     config.save_pretrained(folder)
+    tensors = {key: value.detach().to(dtype or value.dtype) for key, value in state.items()}
+    tensors.update({key: value.detach() for key, value in (keep_dtype or {}).items()})
     seen: set[int] = set()
     out = {}
-    for key, value in state.items():
-        value = value.detach().to(dtype or value.dtype).contiguous()
+    for key, value in tensors.items():
+        value = value.contiguous()
         ptr = value.untyped_storage().data_ptr()
         out[key] = value.clone() if ptr in seen else value
         seen.add(ptr)

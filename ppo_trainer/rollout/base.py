@@ -21,7 +21,7 @@ string. `prompt_text`, `ground_truth`, `prompt_index` are the prompt's values, r
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -37,11 +37,14 @@ class Sampler(Protocol):
         """True where `sleep` really frees accelerator memory (vLLM on GPU with sleep mode)."""
         ...
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False) -> Batch:
+    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+                 max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt of a prompt-only batch (see the module docstring).
 
         `seed` makes the call reproducible: the same weights, prompts and seed give the same
         tokens. `greedy` decodes the arg-max token (evaluation); n should then be 1.
+        `max_new_tokens` replaces the sampler's budget for this call (validation uses
+        eval.max_new_tokens).
         """
         ...
 

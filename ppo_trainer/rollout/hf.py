@@ -120,7 +120,8 @@ class HFSampler:
         if missing:
             raise KeyError(f"sync_weights: the state dict lacks parameters: {missing[:5]}")
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False) -> Batch:
+    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+                 max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -130,7 +131,8 @@ class HFSampler:
         logprobs: list[list[float]] = []
         with self._generation_mode(seed):
             for start in range(0, len(rows), self.batch_size):
-                ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy)
+                ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy,
+                                                max_new_tokens or self.cfg.max_new_tokens)
                 responses.extend(ids)
                 logprobs.extend(lps)
 
@@ -162,7 +164,8 @@ class HFSampler:
         finally:
             self.model.train(was_training)
 
-    def _generate_chunk(self, prompts: list[list[int]], greedy: bool) -> tuple[list[list[int]], list[list[float]]]:
+    def _generate_chunk(self, prompts: list[list[int]], greedy: bool,
+                        max_new_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
         """Generated tokens (up to max_new_tokens, EOS/pad included) and their logprobs, per row."""
         from transformers import GenerationConfig
 
@@ -177,10 +180,10 @@ class HFSampler:
         # generation_config.json (e.g. a repetition penalty) changes the sampled policy.
         gen_cfg = GenerationConfig(
             **sampling,
-            max_new_tokens=self.cfg.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
             # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
-            min_new_tokens=self.cfg.max_new_tokens if self.cfg.ignore_eos else 0,
+            min_new_tokens=max_new_tokens if self.cfg.ignore_eos else 0,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             typical_p=1.0,

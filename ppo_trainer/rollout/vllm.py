@@ -185,7 +185,8 @@ class VllmSampler:
         self.llm.collective_rpc("ppo_load_weights", args=(weights_blob(state_dict, self.dtype),))
         self.llm.reset_prefix_cache()
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False) -> Batch:
+    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+                 max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch.
 
         Each prompt gets its own request seed drawn from `seed` (vLLM gives its n samples seed,
@@ -204,7 +205,7 @@ class VllmSampler:
                 temperature=0.0 if greedy else self.cfg.temperature,
                 top_p=1.0 if greedy else self.cfg.top_p,
                 top_k=-1 if greedy or self.cfg.top_k == 0 else self.cfg.top_k,
-                max_tokens=self.cfg.max_new_tokens,
+                max_tokens=max_new_tokens or self.cfg.max_new_tokens,
                 stop=list(self.cfg.stop) or None,
                 ignore_eos=self.cfg.ignore_eos,
                 seed=rng.getrandbits(31),

@@ -70,8 +70,9 @@ class ActorRole:
         return self.engine.full_state_dict()
 
     def save(self, checkpoint: str) -> None:
-        """HF export into <checkpoint>/actor, resume state into <checkpoint>/state/actor."""
-        self.engine.save_hf(Path(checkpoint) / "actor")
+        """HF export into <checkpoint>/actor (LoRA: also the merged model in actor_merged), resume
+        state into <checkpoint>/state/actor."""
+        self.engine.save_hf(Path(checkpoint) / "actor", Path(checkpoint) / "actor_merged")
         self.engine.save_state(Path(checkpoint) / "state" / "actor")
 
     def load(self, checkpoint: str) -> None:
@@ -82,12 +83,13 @@ class CriticRole:
     """The value model on one device."""
 
     def __init__(self, cfg: DictConfig, device: str):
+        from ppo_trainer.checkpoint import checkpoint_part
         from ppo_trainer.engine.critic import CriticEngine
         from ppo_trainer.models.loading import resolve_model_path
 
         self.engine = CriticEngine(
             cfg.critic,
-            resolve_model_path(cfg.critic.path or cfg.model.path),
+            resolve_model_path(checkpoint_part(cfg.critic.path, "critic") if cfg.critic.path else cfg.model.path),
             cfg.algorithm,
             mini_batch_size=sequences_per_mini_batch(cfg),
             device=device,
@@ -124,14 +126,16 @@ class RolloutRole:
             initial_weights or resolve_model_path(cfg.model.path),
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
-            max_prompt_length=cfg.data.max_prompt_length,
+            # room for validation's responses too (eval.max_new_tokens may exceed the sampler's)
+            max_prompt_length=cfg.data.max_prompt_length + max(0, cfg.eval.max_new_tokens - cfg.sampler.max_new_tokens),
             colocate=cfg.devices.colocate,
             device=device,
             trust_remote_code=cfg.model.trust_remote_code,
         )
 
-    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False) -> Batch:
-        return self.sampler.generate(batch, n, seed=seed, greedy=greedy)
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
+                 max_new_tokens: Optional[int] = None) -> Batch:
+        return self.sampler.generate(batch, n, seed=seed, greedy=greedy, max_new_tokens=max_new_tokens)
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.sampler.sync_weights(state_dict)

@@ -1,4 +1,5 @@
-"""ValueModel: V(s_t) alignment, shapes, zero-initialised head, save/load round trip, no LoRA."""
+"""ValueModel: V(s_t) alignment, shapes, zero-initialised head, save/load round trip (as a Hugging
+Face token-classification model, and the older backbone + value_head format), no LoRA."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import pytest
 import torch
 
+from ppo_trainer.models import critic as critic_module
 from ppo_trainer.models.critic import VALUE_HEAD_CONFIG, ValueModel
 
 
@@ -78,7 +80,34 @@ def test_left_padding_does_not_change_values(value_model):
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
 
 
-def test_save_and_reload_give_identical_values(value_model, tmp_path):
+def test_save_and_reload_give_the_same_weights_and_values(value_model, tmp_path):
+    value_model.save_pretrained(tmp_path / "critic")
+    config = json.loads((tmp_path / "critic" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForTokenClassification"] and len(config["id2label"]) == 1
+    reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
+    for key, value in value_model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+    ids, attn, pos, T = make_batch(ROWS)
+    with torch.no_grad():  # float32 kernels may round differently on differently aligned copies
+        torch.testing.assert_close(reloaded(ids, attn, pos, T), value_model(ids, attn, pos, T), atol=1e-6, rtol=0)
+
+
+def test_saved_value_model_loads_as_token_classification_with_the_same_values(value_model, tmp_path):
+    from transformers import AutoModelForTokenClassification
+
+    value_model.save_pretrained(tmp_path / "critic")
+    classifier = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic", dtype=torch.float32).eval()
+    ids, attn, pos, T = make_batch(ROWS)
+    P = ids.shape[1] - T
+    with torch.no_grad():
+        logits = classifier(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # [B, P+T, 1]
+        torch.testing.assert_close(logits[:, P - 1 : P + T - 1, 0], value_model(ids, attn, pos, T), atol=1e-5, rtol=0)
+
+
+def test_the_older_folder_format_still_loads(value_model, tmp_path, monkeypatch):
+    """Model types without a token-classification class are saved as backbone + value_head files,
+    the format of earlier checkpoints; both load with the head."""
+    monkeypatch.setattr(critic_module, "token_classifier_class", lambda config: None)
     value_model.save_pretrained(tmp_path / "critic")
     assert json.loads((tmp_path / "critic" / VALUE_HEAD_CONFIG).read_text())["hidden_size"] == 64
     reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()

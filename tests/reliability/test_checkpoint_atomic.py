@@ -1,4 +1,5 @@
-"""Atomic checkpoints: a half-written step is never resumed from; rotation keeps the newest."""
+"""Atomic checkpoints: a half-written step is never resumed from; rotation keeps the newest and
+the best."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import torch
 from ppo_trainer import checkpoint
 
 
-def write_step(output_dir: Path, step: int, keep_last: int = 2) -> Path:
+def write_step(output_dir: Path, step: int, keep_last: int = 2, best: bool = False) -> Path:
     staging = checkpoint.begin(output_dir, step)
     for role in ("actor", "critic"):
         (staging / "state" / role).mkdir(parents=True)
     checkpoint.save_trainer_state(staging / "state", {"step": step, "loader": {}, "kl_ctrl": {}},
                                   {"torch": torch.get_rng_state()})
-    return checkpoint.commit(output_dir, step, keep_last)
+    return checkpoint.commit(output_dir, step, keep_last, best=best)
 
 
 def test_latest_names_the_last_committed_step(tmp_path):
@@ -40,6 +41,23 @@ def test_rotation_keeps_the_newest_keep_last(tmp_path):
         write_step(tmp_path, step, keep_last=2)
     assert checkpoint.complete_steps(tmp_path) == [4, 5]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "global_step_5"
+
+
+def test_rotation_keeps_the_step_best_names(tmp_path):
+    for step in range(1, 6):
+        write_step(tmp_path, step, keep_last=1, best=step == 2)
+    assert checkpoint.complete_steps(tmp_path) == [2, 5]
+    assert checkpoint.read_pointer(tmp_path / "checkpoints" / "best") == tmp_path / "checkpoints" / "global_step_2"
+    write_step(tmp_path, 6, keep_last=1, best=True)  # a new best: the old one may go
+    assert checkpoint.complete_steps(tmp_path) == [6]
+
+
+def test_checkpoint_part_names_the_role_folder_of_a_step(tmp_path):
+    folder = write_step(tmp_path, 1)
+    (folder / "critic").mkdir()
+    assert checkpoint.checkpoint_part(str(folder), "critic") == str(folder / "critic")
+    assert checkpoint.checkpoint_part(str(tmp_path), "critic") == str(tmp_path)  # not a step folder
+    assert checkpoint.checkpoint_part("random:tiny", "critic") == "random:tiny"
 
 
 def test_resume_never_and_explicit_path(tmp_path):

@@ -96,6 +96,14 @@ def test_ignore_eos_generates_max_new_tokens_for_every_row(sampler, prompts, tok
     assert bool(out.truncated.all())
 
 
+def test_max_new_tokens_of_a_call_replaces_the_samplers_budget(sampler, prompts):
+    """Validation passes eval.max_new_tokens to the rollout sampler for its greedy call."""
+    sampler.cfg = sampler_config(ignore_eos=True)
+    out = sampler.generate(prompts, 1, seed=0, greedy=True, max_new_tokens=3)
+    assert out.response_length == 3 and bool((out.response_mask.sum(dim=1) == 3).all())
+    assert sampler.generate(prompts, 1, seed=0, greedy=True).response_length == sampler.cfg.max_new_tokens
+
+
 def test_same_seed_gives_the_same_tokens_and_another_seed_other_tokens(sampler, prompts):
     first = sampler.generate(prompts, 4, seed=11)
     again = sampler.generate(prompts, 4, seed=11)

@@ -55,9 +55,14 @@ def test_smoke_run_writes_every_contract_metric_and_output(uninterrupted):
 def test_checkpoints_follow_the_layout_and_rotation(uninterrupted):
     checkpoints = uninterrupted / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "global_step_6"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["global_step_3", "global_step_6", "latest"]
+    # val_every=2: the first validation (step 2) is the best so far (the tiny model scores 0 at
+    # every step and only an improvement moves `best`), so step 2 is saved and kept as well
+    assert (checkpoints / "best").read_text().strip() == "global_step_2"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "global_step_2", "global_step_3",
+                                                             "global_step_6", "latest"]
     step = checkpoints / "global_step_6"
     assert (step / "actor" / "config.json").is_file()
+    assert not (step / "actor_merged").exists()  # only a LoRA actor gets a merged export
     assert (step / "critic" / "config.json").is_file()
     assert (step / "state" / "trainer.json").is_file()
     assert (step / "state" / "actor").is_dir() and (step / "state" / "critic").is_dir()
