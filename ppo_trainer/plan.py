@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ppo_trainer.config import kl_route, uses_reference
 from ppo_trainer.tracking import mask_secrets
 
 from ppo_trainer.workers.devices import describe_placement, detect, local_device_count, plan_placement
@@ -44,16 +45,15 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     lines.append(f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}")
     lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
     lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"
-    uses_ref = cfg.gae.kl_coef > 0 or cfg.algorithm.use_kl_loss
-    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_ref else "not built (no KL)"
+    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
     lines.append(f"actor:     {cfg.model.path} ({lora}, {cfg.model.dtype}, lr {cfg.model.optim.lr})")
     lines.append(f"reference: {reference}")
     lines.append(f"critic:    {cfg.critic.path or cfg.model.path} (full-parameter, lr {cfg.critic.lr}, "
                  f"value_clip {cfg.critic.value_clip})")
     lines.append(f"rollout:   sampler={cfg.sampler.name}, n={cfg.sampler.n}, temperature={cfg.sampler.temperature}, "
                  f"max_new_tokens={cfg.sampler.max_new_tokens}")
-    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
-                 f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
+    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam}")
+    lines.append(f"kl:        {kl_route(cfg)}{kl_details(cfg)}")
     lines.append("")
     lines.append("# devices")
     lines.extend(placement_lines(cfg))
@@ -66,6 +66,17 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         lines.append("# warnings (a real run stops on these)")
         lines.extend(f"WARNING: {p}" for p in problems)
     return "\n".join(lines)
+
+
+def kl_details(cfg: DictConfig) -> str:
+    """The coefficients and kinds of the KL terms that are on, for the plan's kl line."""
+    a, g = cfg.algorithm, cfg.gae
+    parts = []
+    if kl_route(cfg) in ("reward", "both"):
+        parts.append(f"gae.kl_coef={g.kl_coef} {g.kl_ctrl}, {g.kl_penalty}")
+    if a.use_kl_loss:
+        parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer import checkpoint
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config import ConfigError, kl_in_reward, uses_reference
 from ppo_trainer.core import (
     AdaptiveKL,
     FixedKL,
@@ -39,7 +39,6 @@ from ppo_trainer.rewards.loader import load_reward_fn, score_all
 from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
 from ppo_trainer.tracking import Tracker, mask_secrets
 from ppo_trainer.workers.group import WorkerGroup
-from ppo_trainer.workers.roles import uses_reference
 
 log = logging.getLogger("ppo_trainer")
 
@@ -85,6 +84,7 @@ class Trainer:
         g = cfg.gae
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
         self.uses_reference = uses_reference(cfg)
+        self.kl_in_reward = kl_in_reward(cfg)
         self.step = 0
         self.nonfinite_streak = {"actor": 0, "critic": 0}  # PPO steps in a row with skipped updates
         self._stop_requested: Optional[str] = None
@@ -225,10 +225,10 @@ class Trainer:
         return metrics
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Token rewards (score minus KL penalty), GAE, optional whitening; the KL controller
-        steps on this batch's mean per-sequence KL."""
+        """Token rewards (score minus the KL penalty, when the KL is in the reward), GAE, optional
+        whitening; the KL controller steps on this batch's mean per-sequence KL."""
         g, mask = self.cfg.gae, batch.response_mask
-        kl_coef = self.kl_ctrl.value
+        kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
         rewards, kl = token_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, kl_coef, g.kl_penalty)
         advantages, returns = compute_gae(rewards, batch.values, mask, g.gamma, g.lam)
         if g.normalize_advantages:

@@ -45,8 +45,8 @@ class ActorEngine:
             epochs, micro-batch token budget, shuffling).
         mini_batch_size: sequences per optimizer step (`algorithm.ppo_mini_batch_size x sampler.n`).
         temperature: the sampling temperature; logprobs are those of softmax(logits / temperature).
-        use_reference: build the reference policy (needed when gae.kl_coef > 0 or
-            algorithm.use_kl_loss). With LoRA it is the same module with the adapter disabled;
+        use_reference: build the reference policy (needed for a KL in the reward or a KL
+            loss: `ppo_trainer.config.uses_reference`). With LoRA it is the same module with the adapter disabled;
             otherwise a frozen copy of the initial weights, sharded like the actor.
         device: "cpu", "cuda", "cuda:N" or "npu".
         total_steps: optimizer steps over the whole run (for the cosine schedule).

@@ -14,11 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
-
-
-def uses_reference(cfg: DictConfig) -> bool:
-    """The reference policy is needed for a KL penalty in the reward or a KL loss."""
-    return cfg.gae.kl_coef > 0 or cfg.algorithm.use_kl_loss
+from ppo_trainer.config import uses_reference
 
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:

@@ -61,6 +61,7 @@ STATIC_CASES = [
     (["model.dtype=fp8"], "model.dtype"),
     (["trainer.loggers=[console,foo]"], "trainer.loggers"),
     (["data.train_files=[x.jsonl]"], "data.train_files"),
+    (["gae.kl_ctrl=adaptive", "gae.kl_coef=0"], "gae.kl_coef"),
 ]
 
 
