@@ -160,7 +160,9 @@ class ActorEngine:
         stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
         if ent is not None:
             loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_agg_mode, **norm)
-            stats["entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
+            # the entropy of the policy being updated; actor/entropy (the trainer's old-logprob
+            # pass) stays the entropy of the policy that sampled
+            stats["update_entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
         if a.use_kl_loss:
             kl = aggregate(kl_penalty(logp, micro.ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
             loss = loss + a.kl_loss_coef * kl
@@ -173,7 +175,7 @@ class ActorEngine:
         `algorithm.ppo_epochs` passes, mini-batches of `mini_batch_size` sequences, one optimizer
         step each. Needs old_logprobs, advantages (and ref_logprobs with use_kl_loss). Returns the
         means over mini-batches of actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl, actor/grad_norm,
-        actor/lr, plus actor/entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
+        actor/lr, plus actor/update_entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
         """
         _require(batch, "response_mask", "old_logprobs", "advantages")
         if self.algorithm.use_kl_loss:
