@@ -169,7 +169,7 @@ class Trainer:
             prompts = prompt_batch(next(self.loader), self.pad_id)
             with timer("gen"):
                 self.rollout.run_all("wake")
-                batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, step_seed(cfg.trainer.seed, step))
+                batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, seed=step_seed(cfg.trainer.seed, step))
                 self.rollout.run_all("sleep")
             with timer("reward"):
                 scores, errors = score_all(self.reward_fn, batch.response_text, batch.ground_truth, cfg.reward.on_error)
