@@ -43,6 +43,8 @@ class ActorRole:
             cfg.algorithm,
             mini_batch_size=sequences_per_mini_batch(cfg),
             temperature=cfg.sampler.temperature,
+            top_k=cfg.sampler.top_k,
+            top_p=cfg.sampler.top_p,
             use_reference=uses_reference(cfg),
             device=device,
             total_steps=optimizer_steps(cfg, "actor"),

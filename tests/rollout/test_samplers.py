@@ -160,3 +160,65 @@ def test_vllm_seeded_sampling_handles_more_prompt_tokens_than_one_engine_step(vl
     prompts = prompts_to_batch([prompt] * count, tokenizer.pad_token_id)
     out = vllm_sampler.generate(prompts, 2, seed=0)
     assert len(out) == 2 * count and out.response_mask[:, 0].all()
+
+
+def policy_logprobs(model_dir, out: Batch, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The trainer's recompute (`CausalLMPolicy`, chunked) of a rollout's response tokens."""
+    from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
+
+    policy = CausalLMPolicy(load_causal_lm(str(model_dir)), chunk_tokens=5).eval()
+    with torch.no_grad():
+        logp, _ = policy(out.input_ids, out.attention_mask, out.position_ids, out.response_mask, temperature,
+                         top_k=top_k, top_p=top_p)
+    return logp
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.7), (6, 0.8)])
+def test_the_trainers_recompute_equals_the_sampling_logprobs_under_top_k_and_top_p(sampler, prompts, eos_model_dir,
+                                                                                 top_k, top_p):
+    sampler.cfg = sampler_config(top_k=top_k, top_p=top_p, temperature=0.7)
+    out = sampler.generate(prompts, 4, seed=4)
+    recomputed = policy_logprobs(eos_model_dir, out, 0.7, top_k, top_p)
+    mask = out.response_mask.bool()
+    assert (recomputed[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
+    untruncated = policy_logprobs(eos_model_dir, out, 0.7)
+    assert (untruncated[mask] - out.sample_logprobs[mask]).abs().max() > 1e-2  # the truncation matters here
+
+
+@pytest.fixture(scope="module")
+def leaky_model_dir(eos_model_dir, tmp_path_factory):
+    """The EOS-prone model with a generation_config.json that sets sampling options of its own."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tiny-leaky")
+    shutil.copytree(eos_model_dir, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "generation_config.json").read_text())
+    config.update(do_sample=True, temperature=0.3, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.8,
+                  no_repeat_ngram_size=1, suppress_tokens=[5, 6, 7], begin_suppress_tokens=[8, 9],
+                  bad_words_ids=[[10], [11]], sequence_bias=[[[12], -5.0]], max_new_tokens=2)
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_hf_sampler_ignores_the_models_generation_config(leaky_model_dir, prompts):
+    hf = HFSampler.from_pretrained(leaky_model_dir, sampler_config(temperature=0.9), batch_size=8)
+    assert hf.model.generation_config.repetition_penalty == 1.8  # the model does carry its settings
+    out = hf.generate(prompts, 4, seed=1)
+    assert out.response_length > 2, "its min_p / max_new_tokens would end every response at once"
+    mask = out.response_mask.bool()
+    assert (policy_logprobs(leaky_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
+
+
+def test_the_vllm_sampler_ignores_the_models_generation_config(leaky_model_dir, prompts):
+    from ppo_trainer.rollout import check_vllm_available
+
+    if check_vllm_available():
+        pytest.skip(check_vllm_available())
+    from ppo_trainer.rollout.vllm import VllmSampler
+
+    out = VllmSampler(leaky_model_dir, sampler_config(temperature=0.9), dtype="float32", seed=0).generate(prompts, 4,
+                                                                                                        seed=1)
+    assert out.response_length > 2
+    mask = out.response_mask.bool()
+    assert (policy_logprobs(leaky_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
