@@ -8,7 +8,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.rollout import HFSampler, prompts_to_batch
 
-from .conftest import MAX_NEW_TOKENS, load_model, reference_logprobs, sampler_config
+from .conftest import MAX_NEW_TOKENS, load_model, reference_logprobs, sampler_config, with_leaky_generation_config
 
 
 @pytest.fixture(scope="module")
@@ -188,17 +188,7 @@ def test_the_trainers_recompute_equals_the_sampling_logprobs_under_top_k_and_top
 @pytest.fixture(scope="module")
 def leaky_model_dir(eos_model_dir, tmp_path_factory):
     """The EOS-prone model with a generation_config.json that sets sampling options of its own."""
-    import json
-    import shutil
-
-    folder = tmp_path_factory.mktemp("tiny-leaky")
-    shutil.copytree(eos_model_dir, folder, dirs_exist_ok=True)
-    config = json.loads((folder / "generation_config.json").read_text())
-    config.update(do_sample=True, temperature=0.3, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.8,
-                  no_repeat_ngram_size=1, suppress_tokens=[5, 6, 7], begin_suppress_tokens=[8, 9],
-                  bad_words_ids=[[10], [11]], sequence_bias=[[[12], -5.0]], max_new_tokens=2)
-    (folder / "generation_config.json").write_text(json.dumps(config))
-    return folder
+    return with_leaky_generation_config(eos_model_dir, tmp_path_factory.mktemp("tiny-eos-leaky"))
 
 
 def test_the_hf_sampler_ignores_the_models_generation_config(leaky_model_dir, prompts):
@@ -210,15 +200,11 @@ def test_the_hf_sampler_ignores_the_models_generation_config(leaky_model_dir, pr
     assert (policy_logprobs(leaky_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
 
 
-def test_the_vllm_sampler_ignores_the_models_generation_config(leaky_model_dir, prompts):
-    from ppo_trainer.rollout import check_vllm_available
-
-    if check_vllm_available():
-        pytest.skip(check_vllm_available())
-    from ppo_trainer.rollout.vllm import VllmSampler
-
-    out = VllmSampler(leaky_model_dir, sampler_config(temperature=0.9), dtype="float32", seed=0).generate(prompts, 4,
-                                                                                                        seed=1)
+def test_the_vllm_sampler_ignores_the_models_generation_config(vllm_sampler, eos_state, eos_model_dir, prompts):
+    assert "min_p" in vllm_sampler.llm.llm_engine.model_config.try_get_generation_config()  # the engine's model
+    vllm_sampler.sync_weights(eos_state)
+    vllm_sampler.cfg = sampler_config(temperature=0.9)
+    out = vllm_sampler.generate(prompts, 4, seed=1)
     assert out.response_length > 2
     mask = out.response_mask.bool()
-    assert (policy_logprobs(leaky_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
+    assert (policy_logprobs(eos_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
