@@ -4,7 +4,8 @@
     checkpoints/global_step_N/critic/    HF export of the ValueModel
     checkpoints/global_step_N/state/     exact-resume state: actor/ and critic/ (DCP: fp32 master
                                          weights, optimizer, scheduler), trainer.json (step,
-                                         dataloader position, KL controller), rng.pt
+                                         dataloader position, KL controller, non-finite
+                                         streak), rng.pt (driver and every worker rank)
     checkpoints/latest                   names the last complete step, written last
 
 A checkpoint is written into a hidden temporary folder, fsynced, then renamed into place, and

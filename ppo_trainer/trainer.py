@@ -294,24 +294,37 @@ class Trainer:
         self.actor.run_all("save", str(staging))
         self.critic.run_all("save", str(staging))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "model_path": self.cfg.model.path}
-        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state()})
+                 "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path}
+        workers = {role: group.run_all("rng_state") for role, group in self._groups().items()}
+        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers})
         folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last)
         log.info("saved %s", folder)
         return folder
 
     def load(self, folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:
         """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
-        position, KL controller, RNG (`state`, `rng`: its checked trainer state); then the
-        rollout engine gets the restored weights."""
+        position, KL controller, non-finite streak, the RNG states of the driver and of every
+        worker (`state`, `rng`: its checked trainer state); then the rollout engine gets the
+        restored weights."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
+        for role, group in self._groups().items():  # after the loads: building and loading draw numbers too
+            saved = rng.get("workers", {}).get(role)
+            if saved is not None and len(saved) == len(group):
+                group.run_each("set_rng_state", [(s,) for s in saved])
+            else:
+                log.warning("%s: no RNG state for %d replicas in the checkpoint; the resume is not bit-exact",
+                            role, len(group))
         torch.set_rng_state(rng["torch"])
         self.step = int(state["step"])
         self.sync_rollout_weights()
         log.info("resumed from %s (step %d)", folder, self.step)
+
+    def _groups(self) -> dict[str, WorkerGroup]:
+        return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout}
 
     def close(self) -> None:
         for group in (self.rollout, self.critic, self.actor):

@@ -7,6 +7,7 @@
 Two ways to call a role's method:
 - `run_all(method, ...)`: every replica, same arguments (collective calls such as `update`,
   which takes the full batch on every rank, or `save`); returns the list of results by rank.
+- `run_each(method, args_per_replica)`: replica i with its own arguments (restoring per-rank state).
 - `run_split(method, batch, ..., seed=None)`: the batch's rows dealt across replicas, balanced by
   token count; the per-replica results (tensors with a leading row dimension, or Batches) are put
   back in the original row order. A `seed` is appended to each replica's arguments as
@@ -141,6 +142,12 @@ class WorkerGroup:
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self.workers.call(method, [args] * len(self.workers), kwargs)
+
+    def run_each(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
+        """Replica i gets `args_per_replica[i]` (e.g. its own saved state); results by replica."""
+        if len(args_per_replica) != len(self.workers):
+            raise ValueError(f"{self.role}: {len(args_per_replica)} argument tuples for {len(self.workers)} replicas")
+        return self.workers.call(method, list(args_per_replica), {})
 
     def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
         seeds = [] if seed is None else [(replica_seed(seed, i),) for i in range(len(self.workers))]

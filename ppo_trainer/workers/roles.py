@@ -30,7 +30,23 @@ def sequences_per_mini_batch(cfg: DictConfig) -> int:
     return cfg.algorithm.ppo_mini_batch_size * cfg.sampler.n
 
 
-class ActorRole:
+class RngState:
+    """A role's part of the exact-resume state: the torch RNG states of its process (CPU, and
+    every visible CUDA device), which dropout (e.g. model.lora.dropout) draws from."""
+
+    def rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ActorRole(RngState):
     """The policy (and the reference policy) on one device."""
 
     def __init__(self, cfg: DictConfig, device: str):
@@ -76,7 +92,7 @@ class ActorRole:
         self.engine.load_state(Path(checkpoint) / "state" / "actor")
 
 
-class CriticRole:
+class CriticRole(RngState):
     """The value model on one device."""
 
     def __init__(self, cfg: DictConfig, device: str):
@@ -110,7 +126,7 @@ class CriticRole:
         self.engine.load_state(Path(checkpoint) / "state" / "critic")
 
 
-class RolloutRole:
+class RolloutRole(RngState):
     """One rollout engine (HF generate or vLLM) with its own copy of the policy weights."""
 
     def __init__(self, cfg: DictConfig, device: str, initial_weights: Optional[str] = None):

@@ -166,9 +166,10 @@ def test_critic_rejects_lora(tiny_model_dir):
         CriticEngine(CriticWithLora(), tiny_model_dir, algorithm(), mini_batch_size=8)
 
 
-@pytest.mark.parametrize("role", ["actor", "critic"])
+@pytest.mark.parametrize("role", ["actor", "lora-actor", "critic"])
 def test_save_reload_and_continue_equals_not_stopping(tiny_model_dir, batch, tmp_path, role):
-    make = make_actor if role == "actor" else make_critic
+    make = {"actor": make_actor, "critic": make_critic,
+            "lora-actor": lambda d, **k: make_actor(d, lora=LoraConfig(rank=4, alpha=8), **k)}[role]
     second = random_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)
     engine = make(tiny_model_dir, mini_batch_size=4)
     engine.update(batch)
