@@ -301,7 +301,7 @@ class Trainer:
         log.info("saved %s", folder)
         return folder
 
-    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:
+    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any]) -> None:
         """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
         position, KL controller, non-finite streak, the RNG states of the driver and of every
         worker (`state`, `rng`: its checked trainer state); then the rollout engine gets the

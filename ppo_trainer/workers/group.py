@@ -150,12 +150,13 @@ class WorkerGroup:
         return self.workers.call(method, list(args_per_replica), {})
 
     def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
-        seeds = [] if seed is None else [(replica_seed(seed, i),) for i in range(len(self.workers))]
-        if len(self.workers) == 1:
-            return self.workers.call(method, [(batch, *args, *(seeds[0] if seeds else ()))], kwargs)[0]
+        replicas = len(self.workers)
+        seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
+        if replicas == 1:
+            return self.workers.call(method, [(batch, *args, *seeds[0])], kwargs)[0]
         costs = batch.num_tokens().tolist()
-        parts = balanced_partition(costs, len(self.workers))
-        shards = [(batch.select(part), *args, *(seeds[i] if seeds else ())) for i, part in enumerate(parts)]
+        parts = balanced_partition(costs, replicas)
+        shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
         results = self.workers.call(method, shards, kwargs)
         return merge_rows(results, parts, len(batch))
 

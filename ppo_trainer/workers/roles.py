@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import uses_reference
+from ppo_trainer.workers.group import replica_seed
 
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
@@ -32,7 +33,16 @@ def sequences_per_mini_batch(cfg: DictConfig) -> int:
 
 class RngState:
     """A role's part of the exact-resume state: the torch RNG states of its process (CPU, and
-    every visible CUDA device), which dropout (e.g. model.lora.dropout) draws from."""
+    every visible CUDA device), which dropout (e.g. model.lora.dropout) draws from.
+
+    Roles seed their process from trainer.seed twice: before building, so that every rank and
+    every run builds the same random initial weights (LoRA's A matrices), and after, per rank
+    (`replica_seed`), so that ranks draw different dropout masks. A fresh worker process does
+    not start from a reproducible RNG state by itself."""
+
+    @staticmethod
+    def seed_rng(seed: int, rank: Optional[int] = None) -> None:
+        torch.manual_seed(seed if rank is None else replica_seed(seed, rank))  # CPU and every CUDA device
 
     def rng_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"cpu": torch.get_rng_state()}
@@ -53,6 +63,7 @@ class ActorRole(RngState):
         from ppo_trainer.engine.actor import ActorEngine
         from ppo_trainer.models.loading import resolve_model_path
 
+        self.seed_rng(cfg.trainer.seed)
         self.engine = ActorEngine(
             cfg.model,
             resolve_model_path(cfg.model.path),
@@ -66,6 +77,7 @@ class ActorRole(RngState):
             total_steps=optimizer_steps(cfg, "actor"),
             seed=cfg.trainer.seed,
         )
+        self.seed_rng(cfg.trainer.seed, self.engine.rank)
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return self.engine.compute_logprobs(batch)
@@ -99,6 +111,7 @@ class CriticRole(RngState):
         from ppo_trainer.engine.critic import CriticEngine
         from ppo_trainer.models.loading import resolve_model_path
 
+        self.seed_rng(cfg.trainer.seed)
         self.engine = CriticEngine(
             cfg.critic,
             resolve_model_path(cfg.critic.path or cfg.model.path),
@@ -110,6 +123,7 @@ class CriticRole(RngState):
             attn_implementation=cfg.model.attn_implementation,
             trust_remote_code=cfg.model.trust_remote_code,
         )
+        self.seed_rng(cfg.trainer.seed, self.engine.rank)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.engine.compute_values(batch)
