@@ -52,7 +52,8 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
                  f"value_clip {cfg.critic.value_clip})")
     lines.append(f"rollout:   sampler={cfg.sampler.name}, n={cfg.sampler.n}, temperature={cfg.sampler.temperature}, "
                  f"max_new_tokens={cfg.sampler.max_new_tokens}")
-    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam}")
+    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
+                 f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
     lines.append(f"kl:        {kl_route(cfg)}{kl_details(cfg)}")
     lines.append("")
     lines.append("# devices")
@@ -69,11 +70,11 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
 
 
 def kl_details(cfg: DictConfig) -> str:
-    """The coefficients and kinds of the KL terms that are on, for the plan's kl line."""
-    a, g = cfg.algorithm, cfg.gae
+    """Which keys set the KL terms that are on, for the plan's kl line."""
+    a = cfg.algorithm
     parts = []
     if kl_route(cfg) in ("reward", "both"):
-        parts.append(f"gae.kl_coef={g.kl_coef} {g.kl_ctrl}, {g.kl_penalty}")
+        parts.append("gae.kl_coef")
     if a.use_kl_loss:
         parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
     return f" ({'; '.join(parts)})" if parts else ""
