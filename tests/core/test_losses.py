@@ -75,6 +75,14 @@ def test_policy_loss_and_gradients_stay_finite_for_a_huge_log_ratio(log_ratio, d
     assert out.loss.item() == pytest.approx(at_bound.loss.item())
 
 
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3"])
+def test_kl_penalties_and_gradients_stay_finite_for_a_huge_log_ratio(kind):
+    logprobs = torch.tensor([100.0, -100.0], requires_grad=True)
+    kl = kl_penalty(logprobs, torch.zeros(2), kind)
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and torch.isfinite(logprobs.grad).all()
+
+
 def test_value_loss_clipped_by_hand():
     # token 0: v moved 0.5 away from v_old=0.5, clipped to 0.7: max(1.0, 0.49) -> 0.5 * 1.0
     # token 1: v=2.9 moved toward R=3 beyond the clip: max(0.01, (2.2 - 3)^2=0.64) -> 0.32
