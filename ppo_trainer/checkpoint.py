@@ -5,7 +5,8 @@
     checkpoints/global_step_N/critic/    the value model as an HF token-classification model
     checkpoints/global_step_N/state/     exact-resume state: actor/ and critic/ (DCP: fp32 master
                                          weights, optimizer, scheduler), trainer.json (step,
-                                         dataloader position, KL controller), rng.pt
+                                         dataloader position, KL controller, non-finite
+                                         streak), rng.pt (driver and every worker rank)
     checkpoints/latest                   names the last complete step, written last
     checkpoints/best                     names the step with the best trainer.objective so far;
                                          rotation keeps that step

@@ -110,7 +110,7 @@ class GaeConfig:
     critic_lam: Optional[float] = None  # lambda of the critic's returns (VC-PPO); None: gae.lam
     lam_mode: str = "fixed"  # fixed | adaptive: per-sequence 1 - 1/(adaptive_alpha * length) (VAPO)
     adaptive_alpha: float = 0.05  # lam_mode=adaptive only
-    kl_coef: float = 0.001  # KL penalty in the reward; 0 disables it
+    kl_coef: float = 0.001  # KL penalty in the reward (when algorithm.use_kl_in_reward); 0 disables it
     kl_penalty: str = "k1"  # k1 | abs | k2 | k3
     kl_ctrl: str = "fixed"  # fixed | adaptive
     kl_target: float = 6.0  # adaptive controller: target KL per sequence
@@ -129,7 +129,8 @@ class AlgorithmConfig:
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
     entropy_coef: float = 0.0
     critic_warmup: int = 0  # PPO steps that update only the critic
-    use_kl_loss: bool = False  # KL to the reference as a loss term instead of in the reward
+    use_kl_loss: bool = False  # KL to the reference as a loss term (kl_loss_coef, kl_loss_type)
+    use_kl_in_reward: Optional[bool] = None  # KL penalty in the reward (gae.kl_coef); None: not use_kl_loss
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "k3"
     recompute_old_logprobs: bool = True  # False: use the sampler's logprobs as old logprobs
@@ -363,6 +364,26 @@ def to_schema(cfg: DictConfig) -> DictConfig:
     return merged
 
 
+def kl_in_reward(cfg: DictConfig) -> bool:
+    """Whether the reward carries a KL penalty: algorithm.use_kl_in_reward, which defaults to
+    the opposite of algorithm.use_kl_loss (the KL moves from the reward into the loss), and a
+    nonzero gae.kl_coef. The one place that resolves the default."""
+    a = cfg.algorithm
+    routed = (not a.use_kl_loss) if a.use_kl_in_reward is None else a.use_kl_in_reward
+    return bool(routed) and cfg.gae.kl_coef > 0
+
+
+def uses_reference(cfg: DictConfig) -> bool:
+    """The reference policy is needed for a KL penalty in the reward or a KL loss."""
+    return kl_in_reward(cfg) or cfg.algorithm.use_kl_loss
+
+
+def kl_route(cfg: DictConfig) -> str:
+    """Where the KL to the reference goes: "reward", "loss", "both" or "nowhere"."""
+    reward, loss = kl_in_reward(cfg), cfg.algorithm.use_kl_loss
+    return {(True, False): "reward", (False, True): "loss", (True, True): "both"}.get((reward, loss), "nowhere")
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"'{key}' {message}")
@@ -439,6 +460,13 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(g.kl_coef >= 0, "gae.kl_coef", "must be >= 0")
     _require(g.kl_target > 0, "gae.kl_target", "must be > 0")
     _require(g.kl_horizon > 0, "gae.kl_horizon", "must be > 0")
+    if g.kl_ctrl == "adaptive":  # the controller multiplies the coefficient: from 0 it never moves
+        _require(g.kl_coef > 0, "gae.kl_coef", "must be > 0 with gae.kl_ctrl=adaptive (the controller scales it)")
+        _require(kl_in_reward(cfg), "gae.kl_ctrl",
+                 "is adaptive, but the KL is not in the reward (algorithm.use_kl_loss=true moves it into the loss); "
+                 "set algorithm.use_kl_in_reward=true or gae.kl_ctrl=fixed")
+    _require(not (a.use_kl_in_reward and g.kl_coef == 0), "algorithm.use_kl_in_reward",
+             "is true but gae.kl_coef=0 puts no KL in the reward; set gae.kl_coef > 0")
 
     _require(a.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
     for key in ("clip_ratio_low", "clip_ratio_high"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ppo_trainer.config import kl_route, uses_reference
 from ppo_trainer.tracking import mask_secrets
 
 from ppo_trainer.workers.devices import describe_placement, detect, local_device_count, plan_placement
@@ -44,8 +45,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     lines.append(f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}")
     lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
     lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"
-    uses_ref = cfg.gae.kl_coef > 0 or cfg.algorithm.use_kl_loss
-    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_ref else "not built (no KL)"
+    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
     lines.append(f"actor:     {cfg.model.path} ({lora}, {cfg.model.dtype}, lr {cfg.model.optim.lr})")
     lines.append(f"reference: {reference}")
     lines.append(f"critic:    {cfg.critic.path or cfg.model.path} (full-parameter, lr {cfg.critic.lr}, "
@@ -54,6 +54,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
                  f"max_new_tokens={cfg.sampler.max_new_tokens}")
     lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
                  f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
+    lines.append(f"kl:        {kl_route(cfg)}{kl_details(cfg)}")
     lines.extend(correction_lines(cfg))
     lines.append("")
     lines.append("# devices")
@@ -81,6 +82,17 @@ def correction_lines(cfg: DictConfig) -> list[str]:
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
     return [f"lambda:    policy advantages {policy}, critic returns {critic}",
             f"rollout correction: {correction}"]
+
+
+def kl_details(cfg: DictConfig) -> str:
+    """Which keys set the KL terms that are on, for the plan's kl line."""
+    a = cfg.algorithm
+    parts = []
+    if kl_route(cfg) in ("reward", "both"):
+        parts.append("gae.kl_coef")
+    if a.use_kl_loss:
+        parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer import checkpoint
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config import ConfigError, kl_in_reward, uses_reference
 from ppo_trainer.core import (
     AdaptiveKL,
     FixedKL,
@@ -44,7 +44,6 @@ from ppo_trainer.rewards.loader import load_reward_fn, score_all
 from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
 from ppo_trainer.tracking import Tracker, mask_secrets, run_summary
 from ppo_trainer.workers.group import WorkerGroup
-from ppo_trainer.workers.roles import uses_reference
 
 log = logging.getLogger("ppo_trainer")
 
@@ -90,6 +89,7 @@ class Trainer:
         g = cfg.gae
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
         self.uses_reference = uses_reference(cfg)
+        self.kl_in_reward = kl_in_reward(cfg)
         self.step = 0
         self.nonfinite_streak = {"actor": 0, "critic": 0}  # PPO steps in a row with skipped updates
         self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
@@ -206,7 +206,7 @@ class Trainer:
             prompts = prompt_batch(next(self.loader), self.pad_id)
             with timer("gen"):
                 self.rollout.run_all("wake")
-                batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, step_seed(cfg.trainer.seed, step))
+                batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, seed=step_seed(cfg.trainer.seed, step))
                 self.rollout.run_all("sleep")
             with timer("reward"):
                 scores, errors = score_all(self.reward_fn, batch.response_text, batch.ground_truth, cfg.reward.on_error)
@@ -265,10 +265,10 @@ class Trainer:
         return metrics
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """Token rewards (score minus KL penalty), GAE, optional whitening; the KL controller
-        steps on this batch's mean per-sequence KL."""
+        """Token rewards (score minus the KL penalty, when the KL is in the reward), GAE, optional
+        whitening; the KL controller steps on this batch's mean per-sequence KL."""
         g, mask = self.cfg.gae, batch.response_mask
-        kl_coef = self.kl_ctrl.value
+        kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
         rewards, kl = token_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, kl_coef, g.kl_penalty)
         advantages, returns, lam_metrics = self.gae(rewards, batch, step)
         if g.normalize_advantages:
@@ -371,20 +371,30 @@ class Trainer:
         self.actor.run_all("save", str(staging))
         self.critic.run_all("save", str(staging))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "model_path": self.cfg.model.path, "best": self.best}
-        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state()})
+                 "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best}
+        workers = {role: group.run_all("rng_state") for role, group in self._groups().items()}
+        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers})
         folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last, best=best)
         log.info("saved %s", folder)
         return folder
 
-    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:
+    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any]) -> None:
         """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
-        position, KL controller, RNG (`state`, `rng`: its checked trainer state); then the
-        rollout engine gets the restored weights."""
+        position, KL controller, non-finite streak, the RNG states of the driver and of every
+        worker (`state`, `rng`: its checked trainer state); then the rollout engine gets the
+        restored weights."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
+        for role, group in self._groups().items():  # after the loads: building and loading draw numbers too
+            saved = rng.get("workers", {}).get(role)
+            if saved is not None and len(saved) == len(group):
+                group.run_each("set_rng_state", [(s,) for s in saved])
+            else:
+                log.warning("%s: no RNG state for %d replicas in the checkpoint; the resume is not bit-exact",
+                            role, len(group))
         torch.set_rng_state(rng["torch"])
         self.step = int(state["step"])
         self.best = state.get("best")  # absent in checkpoints written before checkpoints/best existed
@@ -392,6 +402,9 @@ class Trainer:
             checkpoint.write_pointer(self.output_dir, "best", self.best["step"])
         self.sync_rollout_weights()
         log.info("resumed from %s (step %d)", folder, self.step)
+
+    def _groups(self) -> dict[str, WorkerGroup]:
+        return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout}
 
     def close(self) -> None:
         for group in (self.rollout, self.critic, self.actor):

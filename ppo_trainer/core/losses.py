@@ -29,6 +29,7 @@ from ppo_trainer.core.metrics import approx_kl, clip_fraction
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_KINDS = ("k1", "abs", "k2", "k3")
 K3_BOUND = 10.0
+LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far past any clip, far below float32 overflow (~exp(88))
 
 Count = int | float | torch.Tensor
 
@@ -107,7 +108,7 @@ def policy_loss(
     """Clipped PPO surrogate, to be minimised.
 
     Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
-    ``r = exp(logprobs - old_logprobs)``. With ``dual_clip = c > 1``, tokens with A < 0 are
+    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with A < 0 are
     additionally capped at ``-c * A``: a very large ratio on a bad action would otherwise give an
     unbounded loss. ``token_weights`` [B, T] (rollout correction, ``core.rollout_correction``)
     multiply each token's clipped loss as constants: they are detached, and the denominators of
@@ -123,7 +124,9 @@ def policy_loss(
     old_logprobs = torch.where(valid, old_logprobs, 0)
     advantages = torch.where(valid, advantages, 0)
 
-    ratio = torch.exp(logprobs - old_logprobs)
+    # Unclamped, a log-ratio above ~88 makes the ratio inf, and the clip's backward 0 * inf a NaN
+    # gradient; at the bound the clip (or the dual clip) is active anyway.
+    ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     loss_mat = torch.maximum(unclipped, clipped)
@@ -205,7 +208,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     if kind == "k3":
         # k3 already exceeds the bound for |ref - logp| > 11; clamping the exponent first keeps
         # exp from overflowing to inf, whose backward (0 * inf) would turn gradients into NaN.
-        log_ratio = torch.clamp(-diff, -2 * K3_BOUND, 2 * K3_BOUND)
+        log_ratio = torch.clamp(-diff, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, -K3_BOUND, K3_BOUND)
     raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 

@@ -46,8 +46,11 @@ class ActorEngine:
             epochs, micro-batch token budget, shuffling).
         mini_batch_size: sequences per optimizer step (`algorithm.ppo_mini_batch_size x sampler.n`).
         temperature: the sampling temperature; logprobs are those of softmax(logits / temperature).
-        use_reference: build the reference policy (needed when gae.kl_coef > 0 or
-            algorithm.use_kl_loss). With LoRA it is the same module with the adapter disabled;
+        top_k, top_p: the sampler's truncation, applied to the policy's logprobs (old and
+            updated) as the sampler applies it; not to the reference, whose full support keeps
+            the KL to it finite.
+        use_reference: build the reference policy (needed for a KL in the reward or a KL
+            loss: `ppo_trainer.config.uses_reference`). With LoRA it is the same module with the adapter disabled;
             otherwise a frozen copy of the initial weights, sharded like the actor.
         device: "cpu", "cuda", "cuda:N" or "npu".
         total_steps: optimizer steps over the whole run (for the cosine schedule).
@@ -65,6 +68,8 @@ class ActorEngine:
         *,
         mini_batch_size: int,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         use_reference: bool = False,
         device: str | torch.device = "cpu",
         total_steps: Optional[int] = None,
@@ -75,6 +80,7 @@ class ActorEngine:
         self.algorithm = algorithm
         self.mini_batch_size = mini_batch_size
         self.temperature = temperature
+        self.truncation = {"top_k": top_k, "top_p": top_p}
         self.seed = seed
         lm = load_causal_lm(
             str(model_dir),
@@ -108,13 +114,14 @@ class ActorEngine:
 
     # ----------------------------------------------------------------------------- scoring
 
-    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool) -> list[torch.Tensor]:
+    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
         _require(batch, "response_mask")
+        truncation = self.truncation if truncate else {}
 
         def fn(micro: Batch) -> tuple[torch.Tensor, ...]:
             logp, ent = engine.module(
                 micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
-                self.temperature, with_entropy,
+                self.temperature, with_entropy, **truncation,
             )
             return (logp,) if ent is None else (logp, ent)
 
@@ -130,13 +137,13 @@ class ActorEngine:
         return logp, ent
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
-        """[B, T] logprobs under the reference policy (the initial weights)."""
+        """[B, T] logprobs under the reference policy (the initial weights), untruncated."""
         if not self.use_reference:
             raise RuntimeError("the reference policy was not built (use_reference=False)")
         if self.reference is not None:
-            return self._score(self.reference, batch, with_entropy=False)[0]
+            return self._score(self.reference, batch, with_entropy=False, truncate=False)[0]
         with self.policy.adapter_disabled():
-            return self._score(self.engine, batch, with_entropy=False)[0]
+            return self._score(self.engine, batch, with_entropy=False, truncate=False)[0]
 
     # ----------------------------------------------------------------------------- training
 
@@ -148,7 +155,7 @@ class ActorEngine:
         with_entropy = a.entropy_coef > 0
         logp, ent = self.engine.module(
             micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask, self.temperature,
-            with_entropy,
+            with_entropy, **self.truncation,
         )
         mask = micro.response_mask
         norm = {"global_tokens": counts.tokens, "global_seqs": counts.seqs}
@@ -161,7 +168,9 @@ class ActorEngine:
         stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
         if ent is not None:
             loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_agg_mode, **norm)
-            stats["entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
+            # the entropy of the policy being updated; actor/entropy (the trainer's old-logprob
+            # pass) stays the entropy of the policy that sampled
+            stats["update_entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
         if a.use_kl_loss:
             kl = aggregate(kl_penalty(logp, micro.ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
             loss = loss + a.kl_loss_coef * kl
@@ -174,7 +183,7 @@ class ActorEngine:
         `algorithm.ppo_epochs` passes, mini-batches of `mini_batch_size` sequences, one optimizer
         step each. Needs old_logprobs, advantages (and ref_logprobs with use_kl_loss). Returns the
         means over mini-batches of actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl, actor/grad_norm,
-        actor/lr, plus actor/entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
+        actor/lr, plus actor/update_entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
         """
         _require(batch, "response_mask", "old_logprobs", "advantages")
         if self.algorithm.use_kl_loss:

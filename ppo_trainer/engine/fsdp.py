@@ -264,17 +264,20 @@ class FSDPEngine:
             raise FileNotFoundError(f"no engine state in '{folder}' (expected {ENGINE_STATE} and DCP shards)")
         info = json.loads((folder / ENGINE_STATE).read_text())
         options = StateDictOptions(ignore_frozen_params=True)
+        # dcp.load fails on any trainable key the checkpoint lacks; the frozen ones (a LoRA base)
+        # are absent by design, which a strict load_state_dict would reject
+        setting = StateDictOptions(ignore_frozen_params=True, strict=False)
         if info["has_optim_state"]:
             model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
             state = {"model": model_state, "optim": optim_state}
             dcp.load(state, checkpoint_id=str(folder))
             set_state_dict(
                 self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                options=options,
+                options=setting,
             )
         else:
             state = {"model": get_model_state_dict(self.module, options=options)}
             dcp.load(state, checkpoint_id=str(folder))
-            set_model_state_dict(self.module, state["model"], options=options)
+            set_model_state_dict(self.module, state["model"], options=setting)
         self.scheduler.load_state_dict(info["scheduler"])
         self.updates = int(info["updates"])

@@ -4,8 +4,9 @@ Alignment (B rows, P prompt columns, T response columns, prompts left-padded, re
 right-padded): the logprob of response token t (column P+t) comes from the logits at position
 P+t-1, i.e. from the hidden state after the prompt and response tokens 0..t-1.
 
-Logprobs and entropies are those of the policy that was sampled: softmax(logits / temperature).
-They are computed from the hidden states of the valid response positions only, in chunks of
+Logprobs and entropies are those of the policy that was sampled: softmax(logits / temperature),
+truncated by the sampler's top-k and then top-p exactly as Hugging Face's TopKLogitsWarper and
+TopPLogitsWarper (and vLLM) truncate it, and renormalised. They are computed from the hidden states of the valid response positions only, in chunks of
 `chunk_tokens` tokens (lm_head -> float32 -> / temperature -> log-softmax), so that at most a
 [chunk_tokens, V] float32 block of logits exists at a time instead of [B, T, V] (V is ~150k for
 Qwen). With gradients enabled each chunk is checkpointed: its logits are recomputed in backward
@@ -68,6 +69,28 @@ def load_causal_lm(
     return lm
 
 
+def top_k_top_p_keep(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The tokens a sampler keeps: top-k (every token at least as large as the k-th largest, so
+    ties at the boundary stay), then top-p on the top-k-renormalised distribution (ascending
+    sort, drop tokens whose cumulative probability is <= 1 - top_p, always keep the largest):
+    the order and tie rules of transformers' TopKLogitsWarper / TopPLogitsWarper and vLLM.
+
+    ========  =========  ==================================================
+    logits    [N, V]     already divided by the temperature
+    return    [N, V]     bool, True where the token stays
+    ========  =========  ==================================================
+    """
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < top_k < logits.shape[-1]:
+        keep = logits >= torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    if top_p < 1.0:
+        ascending, order = torch.sort(logits.masked_fill(~keep, float("-inf")), dim=-1, descending=False)
+        dropped = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        dropped[..., -1] = False
+        keep = keep & ~dropped.scatter(-1, order, dropped)
+    return keep
+
+
 def response_logprobs(
     hidden: torch.Tensor,
     lm_head: nn.Module,
@@ -75,8 +98,11 @@ def response_logprobs(
     temperature: float,
     chunk_tokens: int,
     with_entropy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-probabilities (and entropies) of `labels` under softmax(lm_head(hidden) / temperature).
+    """Log-probabilities (and entropies) of `labels` under softmax(lm_head(hidden) / temperature),
+    truncated to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing).
 
     =========  =========  ======================================================
     hidden     [N, H]     hidden states of the positions that predict `labels`
@@ -84,16 +110,29 @@ def response_logprobs(
     return     [N], [N]   float32 logprobs, and entropies (None unless asked)
     =========  =========  ======================================================
 
+    A label always counts as kept: it was sampled, so it was in the sampler's set, and where
+    the trainer's logits put it just outside (rounding differences between engines, or a policy
+    that moved during the update) its logprob stays finite, over the kept set plus the label.
+
     Works chunk by chunk (`chunk_tokens` rows); under autograd each chunk is checkpointed, so
     neither the forward nor the backward holds more than one chunk's [chunk, V] logits.
     """
+    truncated = top_k > 0 or top_p < 1.0
 
     def chunk_fn(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs = torch.log_softmax(lm_head(h).float() / temperature, dim=-1)
+        logits = lm_head(h).float() / temperature
+        if truncated:
+            keep = top_k_top_p_keep(logits.detach(), top_k, top_p).scatter_(-1, y.unsqueeze(-1), True)
+            logits = logits.masked_fill(~keep, float("-inf"))
+        log_probs = torch.log_softmax(logits, dim=-1)
         logp = log_probs.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-        # -sum p log p from the log-probabilities: logsumexp(z) - sum(p z) cancels two large
-        # numbers and loses ~1e-4 in float32 once logits reach ~25
-        ent = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else torch.zeros_like(logp)
+        ent = torch.zeros_like(logp)
+        if with_entropy:
+            # -sum p log p from the log-probabilities: logsumexp(z) - sum(p z) cancels two large
+            # numbers and loses ~1e-4 in float32 once logits reach ~25. Dropped tokens have p = 0
+            # and log p = -inf: their term is 0, written so that no 0 * inf reaches a gradient.
+            finite_log_probs = torch.where(keep, log_probs, 0) if truncated else log_probs
+            ent = -(log_probs.exp() * finite_log_probs).sum(-1)
         return logp, ent
 
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
@@ -150,8 +189,11 @@ class CausalLMPolicy(nn.Module):
         response_mask: torch.Tensor,
         temperature: float,
         with_entropy: bool = False,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Logprobs [B, T] (and entropies [B, T]) of the response tokens; 0 where response_mask is 0.
+        `top_k`, `top_p`: the sampler's truncation (see `response_logprobs`).
 
         input_ids, attention_mask, position_ids: [B, P+T]; response_mask: [B, T] (T >= 1, P >= 1).
         """
@@ -164,7 +206,8 @@ class CausalLMPolicy(nn.Module):
         predicting = hidden[:, P - 1 : P + T - 1][valid]  # [N, H]: the state before each valid token
         labels = input_ids[:, P:][valid]
         logp, ent = response_logprobs(
-            predicting, self.hf_model.get_output_embeddings(), labels, temperature, self.chunk_tokens, with_entropy
+            predicting, self.hf_model.get_output_embeddings(), labels, temperature, self.chunk_tokens, with_entropy,
+            top_k, top_p,
         )
         logprobs = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device).masked_scatter(valid, logp)
         entropy = None

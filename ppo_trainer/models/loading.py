@@ -16,6 +16,7 @@ imported inside functions, so importing this module is cheap.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -26,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ppo_trainer.models import tiny
 
@@ -219,6 +220,20 @@ def _convert_gguf(gguf: Path, folder: Path) -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def _progress_bars_off() -> Iterator[None]:
+    """transformers' progress bars off inside the block, restored after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
     """Run `build(folder)` into a temporary sibling of `target`, then rename it into place.
 
@@ -230,7 +245,8 @@ def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        build(scratch)
+        with _progress_bars_off():  # save_pretrained's "Writing model shards" bar would reach stderr
+            build(scratch)
         scratch.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
         try:
             scratch.rename(target)

@@ -52,8 +52,8 @@ class HFSampler:
             state dicts into it. False when it is the actor's module: sync is a no-op.
 
     Sampling logprobs are the log-softmax of the scores after generate's logits processors
-    (temperature, top-k, top-p), so with top_p=1 and top_k=0 they equal log_softmax(logits / T),
-    the actor's recomputation.
+    (temperature, top-k, top-p), which the actor's recomputation applies the same way. Nothing
+    else shapes the samples: settings in the model's generation_config.json are not applied.
     """
 
     def __init__(
@@ -176,31 +176,25 @@ class HFSampler:
             if not greedy
             else dict(do_sample=False)
         )
-        # Neutral values for every other processor, so nothing from the model's own
-        # generation_config.json (e.g. a repetition penalty) changes the sampled policy.
         gen_cfg = GenerationConfig(
             **sampling,
             max_new_tokens=max_new_tokens,
             # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
             # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
             min_new_tokens=max_new_tokens if self.cfg.ignore_eos else 0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            typical_p=1.0,
-            epsilon_cutoff=0.0,
-            eta_cutoff=0.0,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
             stop_strings=list(self.cfg.stop) or None,
             return_dict_in_generate=True,
             output_scores=True,
         )
-        out = self.model.generate(
-            input_ids=chunk.input_ids.to(device),
-            attention_mask=chunk.attention_mask.to(device),
-            generation_config=gen_cfg,
-            tokenizer=self.tokenizer if self.cfg.stop else None,
-        )
+        with self._without_model_generation_config():
+            out = self.model.generate(
+                input_ids=chunk.input_ids.to(device),
+                attention_mask=chunk.attention_mask.to(device),
+                generation_config=gen_cfg,
+                tokenizer=self.tokenizer if self.cfg.stop else None,
+            )
         generated = out.sequences[:, chunk.input_ids.shape[1] :]
         token_logprobs = torch.stack(  # out.scores: one [rows, V] of processed logits per step
             [torch.log_softmax(s.float(), dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1)
@@ -208,6 +202,23 @@ class HFSampler:
             dim=1,
         )
         return generated.cpu().tolist(), token_logprobs.cpu().tolist()
+
+    @contextlib.contextmanager
+    def _without_model_generation_config(self) -> Iterator[None]:
+        """generate fills every field our GenerationConfig leaves unset from the model's
+        generation_config.json (min_p, suppress_tokens, bad_words_ids, sequence_bias,
+        repetition_penalty, ...), which would change the sampled policy behind the trainer's
+        back. Inside the block the model's own config is an empty one, so only transformers'
+        neutral defaults fill the gaps."""
+        from transformers import GenerationConfig
+
+        hf_model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        own = hf_model.generation_config
+        hf_model.generation_config = GenerationConfig()
+        try:
+            yield
+        finally:
+            hf_model.generation_config = own
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
         """(length of the real response, whether it ended on EOS or a stop string)."""

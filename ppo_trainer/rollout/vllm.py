@@ -3,9 +3,10 @@
 vLLM is imported only when a `VllmSampler` is built, so `import ppo_trainer.rollout` stays cheap
 and works without vLLM installed; `check_vllm_available` lets the config validator fail early.
 
-Two settings make the engine's logprobs comparable with the trainer's:
+Three settings make the engine's logprobs comparable with the trainer's:
 - `logprobs_mode="processed_logprobs"`: logprobs after temperature / top-k / top-p, i.e. under
   the policy the token was sampled from (vLLM's default returns raw-logit logprobs).
+- `generation_config="vllm"`: no sampling defaults from the model's generation_config.json.
 - after every `sync_weights`, the prefix cache is reset; otherwise cached prompt KV computed
   with the old weights would be reused.
 """
@@ -128,6 +129,9 @@ class VllmSampler:
             max_model_len=self.max_model_len,
             enforce_eager=self.enforce_eager,
             logprobs_mode="processed_logprobs",
+            # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
+            # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
+            generation_config="vllm",
             worker_extension_cls=WORKER_EXTENSION,
             trust_remote_code=trust_remote_code,
             enable_sleep_mode=self._sleep_enabled,

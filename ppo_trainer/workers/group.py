@@ -7,9 +7,11 @@
 Two ways to call a role's method:
 - `run_all(method, ...)`: every replica, same arguments (collective calls such as `update`,
   which takes the full batch on every rank, or `save`); returns the list of results by rank.
-- `run_split(method, batch, ...)`: the batch's rows dealt across replicas, balanced by token
-  count; the per-replica results (tensors with a leading row dimension, or Batches) are put back
-  in the original row order.
+- `run_each(method, args_per_replica)`: replica i with its own arguments (restoring per-rank state).
+- `run_split(method, batch, ..., seed=None)`: the batch's rows dealt across replicas, balanced by
+  token count; the per-replica results (tensors with a leading row dimension, or Batches) are put
+  back in the original row order. A `seed` is appended to each replica's arguments as
+  `replica_seed(seed, i)`, so replicas do not draw the same random numbers.
 
 `build_groups(cfg)` builds the actor, critic and rollout groups of a config for either backend.
 """
@@ -54,6 +56,14 @@ class LocalWorkers:
 
     def shutdown(self) -> None:
         self.role = None
+
+
+def replica_seed(seed: int, replica: int) -> int:
+    """The seed of replica `replica` of a call seeded with `seed`: `seed` itself for replica 0 (so
+    a one-replica run samples what it always did), a distinct deterministic seed for the others."""
+    if replica == 0:
+        return seed
+    return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
 
 
 def balanced_partition(costs: Sequence[int], parts: int) -> list[list[int]]:
@@ -133,12 +143,20 @@ class WorkerGroup:
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self.workers.call(method, [args] * len(self.workers), kwargs)
 
-    def run_split(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Any:
-        if len(self.workers) == 1:
-            return self.workers.call(method, [(batch, *args)], kwargs)[0]
+    def run_each(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
+        """Replica i gets `args_per_replica[i]` (e.g. its own saved state); results by replica."""
+        if len(args_per_replica) != len(self.workers):
+            raise ValueError(f"{self.role}: {len(args_per_replica)} argument tuples for {len(self.workers)} replicas")
+        return self.workers.call(method, list(args_per_replica), {})
+
+    def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
+        replicas = len(self.workers)
+        seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
+        if replicas == 1:
+            return self.workers.call(method, [(batch, *args, *seeds[0])], kwargs)[0]
         costs = batch.num_tokens().tolist()
-        parts = balanced_partition(costs, len(self.workers))
-        shards = [(batch.select(part), *args) for part in parts]
+        parts = balanced_partition(costs, replicas)
+        shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
         results = self.workers.call(method, shards, kwargs)
         return merge_rows(results, parts, len(batch))
 

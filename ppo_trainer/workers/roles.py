@@ -14,11 +14,8 @@ import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
-
-
-def uses_reference(cfg: DictConfig) -> bool:
-    """The reference policy is needed for a KL penalty in the reward or a KL loss."""
-    return cfg.gae.kl_coef > 0 or cfg.algorithm.use_kl_loss
+from ppo_trainer.config import uses_reference
+from ppo_trainer.workers.group import replica_seed
 
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
@@ -34,24 +31,53 @@ def sequences_per_mini_batch(cfg: DictConfig) -> int:
     return cfg.algorithm.ppo_mini_batch_size * cfg.sampler.n
 
 
-class ActorRole:
+class RngState:
+    """A role's part of the exact-resume state: the torch RNG states of its process (CPU, and
+    every visible CUDA device), which dropout (e.g. model.lora.dropout) draws from.
+
+    Roles seed their process from trainer.seed twice: before building, so that every rank and
+    every run builds the same random initial weights (LoRA's A matrices), and after, per rank
+    (`replica_seed`), so that ranks draw different dropout masks. A fresh worker process does
+    not start from a reproducible RNG state by itself."""
+
+    @staticmethod
+    def seed_rng(seed: int, rank: Optional[int] = None) -> None:
+        torch.manual_seed(seed if rank is None else replica_seed(seed, rank))  # CPU and every CUDA device
+
+    def rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ActorRole(RngState):
     """The policy (and the reference policy) on one device."""
 
     def __init__(self, cfg: DictConfig, device: str):
         from ppo_trainer.engine.actor import ActorEngine
         from ppo_trainer.models.loading import resolve_model_path
 
+        self.seed_rng(cfg.trainer.seed)
         self.engine = ActorEngine(
             cfg.model,
             resolve_model_path(cfg.model.path),
             cfg.algorithm,
             mini_batch_size=sequences_per_mini_batch(cfg),
             temperature=cfg.sampler.temperature,
+            top_k=cfg.sampler.top_k,
+            top_p=cfg.sampler.top_p,
             use_reference=uses_reference(cfg),
             device=device,
             total_steps=optimizer_steps(cfg, "actor"),
             seed=cfg.trainer.seed,
         )
+        self.seed_rng(cfg.trainer.seed, self.engine.rank)
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return self.engine.compute_logprobs(batch)
@@ -79,7 +105,7 @@ class ActorRole:
         self.engine.load_state(Path(checkpoint) / "state" / "actor")
 
 
-class CriticRole:
+class CriticRole(RngState):
     """The value model on one device."""
 
     def __init__(self, cfg: DictConfig, device: str):
@@ -87,6 +113,7 @@ class CriticRole:
         from ppo_trainer.engine.critic import CriticEngine
         from ppo_trainer.models.loading import resolve_model_path
 
+        self.seed_rng(cfg.trainer.seed)
         self.engine = CriticEngine(
             cfg.critic,
             resolve_model_path(checkpoint_part(cfg.critic.path, "critic") if cfg.critic.path else cfg.model.path),
@@ -98,6 +125,7 @@ class CriticRole:
             attn_implementation=cfg.model.attn_implementation,
             trust_remote_code=cfg.model.trust_remote_code,
         )
+        self.seed_rng(cfg.trainer.seed, self.engine.rank)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.engine.compute_values(batch)
@@ -114,7 +142,7 @@ class CriticRole:
         self.engine.load_state(Path(checkpoint) / "state" / "critic")
 
 
-class RolloutRole:
+class RolloutRole(RngState):
     """One rollout engine (HF generate or vLLM) with its own copy of the policy weights."""
 
     def __init__(self, cfg: DictConfig, device: str, initial_weights: Optional[str] = None):

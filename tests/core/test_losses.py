@@ -60,6 +60,29 @@ def test_dual_clip_must_exceed_one():
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, dual_clip=1.0)
 
 
+@pytest.mark.parametrize("log_ratio", [100.0, -100.0])
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_policy_loss_and_gradients_stay_finite_for_a_huge_log_ratio(log_ratio, dual_clip):
+    # exp(100) overflows float32 to inf; the clamp of the ratio then passes 0 * inf = NaN back.
+    logprobs = torch.tensor([[log_ratio, 0.0]], requires_grad=True)
+    out = policy_loss(logprobs, torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), 0.2, 0.2,
+                      dual_clip=dual_clip)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(logprobs.grad).all()
+    # The clamp at +-20 keeps the loss of the clamped token what it is at log-ratio 20.
+    at_bound = policy_loss(torch.tensor([[math.copysign(20.0, log_ratio), 0.0]]), torch.zeros(1, 2),
+                           torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), 0.2, 0.2, dual_clip=dual_clip)
+    assert out.loss.item() == pytest.approx(at_bound.loss.item())
+
+
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3"])
+def test_kl_penalties_and_gradients_stay_finite_for_a_huge_log_ratio(kind):
+    logprobs = torch.tensor([100.0, -100.0], requires_grad=True)
+    kl = kl_penalty(logprobs, torch.zeros(2), kind)
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and torch.isfinite(logprobs.grad).all()
+
+
 def test_value_loss_clipped_by_hand():
     # token 0: v moved 0.5 away from v_old=0.5, clipped to 0.7: max(1.0, 0.49) -> 0.5 * 1.0
     # token 1: v=2.9 moved toward R=3 beyond the clip: max(0.01, (2.2 - 3)^2=0.64) -> 0.32

@@ -55,7 +55,7 @@ def test_gradients_accumulated_over_micro_batches_equal_one_big_batch(tiny_model
     assert grads[BIG_BUDGET].keys() == grads[SMALL_BUDGET].keys()
     for name, g in grads[BIG_BUDGET].items():
         torch.testing.assert_close(grads[SMALL_BUDGET][name], g, atol=1e-6, rtol=1e-5)
-    assert stats[BIG_BUDGET].keys() == {"pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss"}
+    assert stats[BIG_BUDGET].keys() == {"pg_loss", "pg_clipfrac", "ppo_kl", "update_entropy", "kl_loss"}
     for key, value in stats[BIG_BUDGET].items():
         assert stats[SMALL_BUDGET][key] == pytest.approx(value, abs=1e-6)
 
@@ -71,9 +71,9 @@ def test_update_reports_metrics_and_warms_up_the_learning_rate(tiny_model_dir, b
     batch = batch.with_fields(old_logprobs=actor.compute_logprobs(batch))
     metrics = actor.update(batch)  # 2 epochs x 2 mini-batches: lr factors 1/4, 2/4, 3/4, 4/4
     assert set(metrics) == {f"actor/{k}" for k in
-                            ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss", "grad_norm", "lr", "skipped_steps")}
+                            ("pg_loss", "pg_clipfrac", "ppo_kl", "update_entropy", "kl_loss", "grad_norm", "lr", "skipped_steps")}
     assert metrics["actor/lr"] == pytest.approx(1e-3 * (0.25 + 0.5 + 0.75 + 1.0) / 4)
-    assert metrics["actor/grad_norm"] > 0 and metrics["actor/entropy"] > 0
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/update_entropy"] > 0
     assert (actor.compute_logprobs(batch) - batch.old_logprobs).abs().max() > 1e-3
 
 
@@ -166,9 +166,10 @@ def test_critic_rejects_lora(tiny_model_dir):
         CriticEngine(CriticWithLora(), tiny_model_dir, algorithm(), mini_batch_size=8)
 
 
-@pytest.mark.parametrize("role", ["actor", "critic"])
+@pytest.mark.parametrize("role", ["actor", "lora-actor", "critic"])
 def test_save_reload_and_continue_equals_not_stopping(tiny_model_dir, batch, tmp_path, role):
-    make = make_actor if role == "actor" else make_critic
+    make = {"actor": make_actor, "critic": make_critic,
+            "lora-actor": lambda d, **k: make_actor(d, lora=LoraConfig(rank=4, alpha=8), **k)}[role]
     second = random_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)
     engine = make(tiny_model_dir, mini_batch_size=4)
     engine.update(batch)

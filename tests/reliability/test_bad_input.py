@@ -61,6 +61,7 @@ STATIC_CASES = [
     (["model.dtype=fp8"], "model.dtype"),
     (["trainer.loggers=[console,foo]"], "trainer.loggers"),
     (["data.train_files=[x.jsonl]"], "data.train_files"),
+    (["gae.kl_ctrl=adaptive", "gae.kl_coef=0"], "gae.kl_coef"),
 ]
 
 
@@ -78,7 +79,13 @@ def test_missing_data_file(capsys):
     assert "data.train_files" in line and "/no/such/train.jsonl" in line
 
 
-def test_malformed_jsonl_row_names_file_and_line(capsys, tmp_path):
+def test_malformed_jsonl_row_names_file_and_line(capsys, tmp_path, monkeypatch):
+    # As on a fresh machine after other tests: the tiny model is built inside the captured run
+    # (empty model cache), with transformers already imported and its progress bars on.
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setenv("PPO_TRAINER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hf_logging, "_tqdm_active", True)
     bad = write_jsonl(tmp_path / "bad.jsonl", [*GOOD_ROWS[:2], "{not json", *GOOD_ROWS[2:]])
     line = run_cli(capsys, "data.source=files", f"data.train_files={bad}", f"data.val_files={bad}")
     assert f"{bad}:3" in line

@@ -49,3 +49,20 @@ def test_nan_actor_loss_skips_updates_then_stops_with_the_checkpoint_intact(tmp_
     saved = load_file(tmp_path / "checkpoints" / "global_step_2" / "actor" / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in saved.values())
     assert (good / "actor" / "model.safetensors").read_bytes() == weights_before
+
+
+def test_the_streak_of_skipped_updates_survives_a_resume(tmp_path, monkeypatch):
+    """max_skipped_steps=2: step 1 skips (streak 1, saved), the resumed run's step 2 skips too and
+    stops the run; a resume that forgot the streak would count step 2 as the first."""
+    import ppo_trainer.engine.actor as actor_module
+
+    real_policy_loss = actor_module.policy_loss
+    monkeypatch.setattr(actor_module, "policy_loss",
+                        lambda *a, **k: (lambda out: out._replace(loss=out.loss * float("nan")))(real_policy_loss(*a, **k)))
+    overrides = ["+experiment=smoke", f"trainer.output_dir={tmp_path}", "trainer.loggers=[jsonl]",
+                 "trainer.total_steps=4", "trainer.save_every=1", "trainer.max_skipped_steps=2"]
+    run_training(compose([*overrides, "trainer.stop_after_steps=1"]))
+    with pytest.raises(NonFiniteError, match="2 PPO steps in a row.*global_step_1"):
+        run_training(compose(overrides))
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 1

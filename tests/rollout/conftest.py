@@ -21,6 +21,12 @@ from ppo_trainer.rollout import prompts_to_batch
 
 MAX_NEW_TOKENS = 12
 EOS_PROBABILITY = 0.1  # per step, in the EOS-prone model: ~28% of 12-token responses run out
+# Sampling settings a model's generation_config.json may carry; no sampler may apply them.
+LEAKY_GENERATION_CONFIG = dict(
+    do_sample=True, temperature=0.3, top_k=3, top_p=0.5, min_p=0.2, repetition_penalty=1.8, no_repeat_ngram_size=1,
+    suppress_tokens=[5, 6, 7], begin_suppress_tokens=[8, 9], bad_words_ids=[[10], [11]],
+    sequence_bias=[[[12], -5.0]], max_new_tokens=2,
+)
 
 
 def sampler_config(**overrides) -> SamplerConfig:
@@ -63,6 +69,16 @@ def eos_prone_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def with_leaky_generation_config(model_dir: Path, folder: Path) -> Path:
+    """A copy of `model_dir` in `folder` whose generation_config.json adds LEAKY_GENERATION_CONFIG."""
+    import json
+
+    shutil.copytree(model_dir, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, **LEAKY_GENERATION_CONFIG}))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
@@ -101,8 +117,11 @@ def prompts(tokenizer) -> Batch:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(tiny_model_dir: Path):
-    """One float32 vLLM engine for the whole session (skips where vLLM is not installed)."""
+def vllm_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One float32 vLLM engine for the whole session (skips where vLLM is not installed), built
+    from the tiny model with LEAKY_GENERATION_CONFIG, so every vLLM test also checks that the
+    model's generation_config.json does not reach the samples (one in-process engine per
+    process: a second one tears down the first's distributed state when it is collected)."""
     from ppo_trainer.rollout import check_vllm_available
 
     problem = check_vllm_available()
@@ -110,7 +129,8 @@ def vllm_engine(tiny_model_dir: Path):
         pytest.skip(problem)
     from ppo_trainer.rollout.vllm import VllmSampler
 
-    return VllmSampler(tiny_model_dir, sampler_config(), dtype="float32", seed=0)
+    folder = with_leaky_generation_config(tiny_model_dir, tmp_path_factory.mktemp("tiny-leaky"))
+    return VllmSampler(folder, sampler_config(), dtype="float32", seed=0)
 
 
 @pytest.fixture

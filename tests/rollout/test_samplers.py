@@ -8,7 +8,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.rollout import HFSampler, prompts_to_batch
 
-from .conftest import MAX_NEW_TOKENS, load_model, reference_logprobs, sampler_config
+from .conftest import MAX_NEW_TOKENS, load_model, reference_logprobs, sampler_config, with_leaky_generation_config
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +168,51 @@ def test_vllm_seeded_sampling_handles_more_prompt_tokens_than_one_engine_step(vl
     prompts = prompts_to_batch([prompt] * count, tokenizer.pad_token_id)
     out = vllm_sampler.generate(prompts, 2, seed=0)
     assert len(out) == 2 * count and out.response_mask[:, 0].all()
+
+
+def policy_logprobs(model_dir, out: Batch, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The trainer's recompute (`CausalLMPolicy`, chunked) of a rollout's response tokens."""
+    from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
+
+    policy = CausalLMPolicy(load_causal_lm(str(model_dir)), chunk_tokens=5).eval()
+    with torch.no_grad():
+        logp, _ = policy(out.input_ids, out.attention_mask, out.position_ids, out.response_mask, temperature,
+                         top_k=top_k, top_p=top_p)
+    return logp
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.7), (6, 0.8)])
+def test_the_trainers_recompute_equals_the_sampling_logprobs_under_top_k_and_top_p(sampler, prompts, eos_model_dir,
+                                                                                 top_k, top_p):
+    sampler.cfg = sampler_config(top_k=top_k, top_p=top_p, temperature=0.7)
+    out = sampler.generate(prompts, 4, seed=4)
+    recomputed = policy_logprobs(eos_model_dir, out, 0.7, top_k, top_p)
+    mask = out.response_mask.bool()
+    assert (recomputed[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
+    untruncated = policy_logprobs(eos_model_dir, out, 0.7)
+    assert (untruncated[mask] - out.sample_logprobs[mask]).abs().max() > 1e-2  # the truncation matters here
+
+
+@pytest.fixture(scope="module")
+def leaky_model_dir(eos_model_dir, tmp_path_factory):
+    """The EOS-prone model with a generation_config.json that sets sampling options of its own."""
+    return with_leaky_generation_config(eos_model_dir, tmp_path_factory.mktemp("tiny-eos-leaky"))
+
+
+def test_the_hf_sampler_ignores_the_models_generation_config(leaky_model_dir, prompts):
+    hf = HFSampler.from_pretrained(leaky_model_dir, sampler_config(temperature=0.9), batch_size=8)
+    assert hf.model.generation_config.repetition_penalty == 1.8  # the model does carry its settings
+    out = hf.generate(prompts, 4, seed=1)
+    assert out.response_length > 2, "its min_p / max_new_tokens would end every response at once"
+    mask = out.response_mask.bool()
+    assert (policy_logprobs(leaky_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
+
+
+def test_the_vllm_sampler_ignores_the_models_generation_config(vllm_sampler, eos_state, eos_model_dir, prompts):
+    assert "min_p" in vllm_sampler.llm.llm_engine.model_config.try_get_generation_config()  # the engine's model
+    vllm_sampler.sync_weights(eos_state)
+    vllm_sampler.cfg = sampler_config(temperature=0.9)
+    out = vllm_sampler.generate(prompts, 4, seed=1)
+    assert out.response_length > 2
+    mask = out.response_mask.bool()
+    assert (policy_logprobs(eos_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4

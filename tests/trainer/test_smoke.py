@@ -79,3 +79,11 @@ def test_resume_after_stop_gives_the_same_metrics_as_an_uninterrupted_run(uninte
         assert keys == {k for k in resumed[step] if not k.startswith(("timing_s/", "perf/"))}
         for key in keys:
             assert resumed[step][key] == expected[step][key], f"step {step} {key}"
+
+
+def test_with_an_entropy_bonus_the_update_entropy_has_its_own_name(tmp_path):
+    """actor/entropy stays the sampling policy's (old-logprob pass); the update's is separate."""
+    smoke(tmp_path, "trainer.total_steps=1", "trainer.save_every=0", "algorithm.entropy_coef=0.01")
+    metrics = read_metrics(tmp_path)[1]
+    assert metrics["actor/entropy"] > 0 and metrics["actor/update_entropy"] > 0
+    assert metrics["actor/entropy"] != metrics["actor/update_entropy"]

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ppo_trainer.cli import compose
 from ppo_trainer.trainer import run_training
+
+
+def read_metrics(output_dir) -> dict[int, dict]:
+    return {m["step"]: m for m in map(json.loads, (output_dir / "metrics.jsonl").read_text().splitlines())}
 
 
 def test_smoke_runs_and_resumes_on_ray_with_two_actor_ranks_and_vllm(ray_cluster, tmp_path):
@@ -23,3 +29,26 @@ def test_smoke_runs_and_resumes_on_ray_with_two_actor_ranks_and_vllm(ray_cluster
         assert m["rollout/logprob_diff_max"] < 1e-2, "the vLLM engine samples from the actor's weights"
         assert "actor/pg_loss" in m and "critic/vf_loss" in m
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "global_step_3"
+
+
+@pytest.mark.slow
+def test_resume_on_ray_with_lora_dropout_continues_exactly_as_an_uninterrupted_run(ray_cluster, tmp_path, monkeypatch):
+    """Every worker's RNG (here: the LoRA dropout masks of 2 actor ranks) is part of the resume
+    state. A reward that varies between samples (the share of digits) makes the updates move."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "digit_share_reward.py").write_text(
+        "def reward(response, ground_truth):\n    return sum(c.isdigit() for c in response) / max(len(response), 1)\n")
+    overrides = ["+experiment=smoke", "devices.backend=ray", "devices.accelerator=cpu", "devices.colocate=false",
+                 "devices.devices_per_node=4", f"devices.ray.address={ray_cluster}", "devices.actor.num_devices=2",
+                 "model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.5", "model.optim.lr=1e-2",
+                 "reward.fn=digit_share_reward:reward", "trainer.total_steps=3", "trainer.save_every=1",
+                 "trainer.val_every=0", "trainer.loggers=[jsonl]"]
+    run_training(compose([*overrides, f"trainer.output_dir={tmp_path / 'once'}"]))
+    resumed = tmp_path / "resumed"
+    run_training(compose([*overrides, f"trainer.output_dir={resumed}", "trainer.stop_after_steps=2"]))
+    run_training(compose([*overrides, f"trainer.output_dir={resumed}"]))
+    expected, got = read_metrics(tmp_path / "once"), read_metrics(resumed)
+    assert sorted(got) == [0, 1, 2, 3]
+    assert expected[3]["actor/grad_norm"] > 0 and expected[3]["actor/pg_clipfrac"] > 0  # the policy moves
+    keys = {k for k in expected[3] if not k.startswith(("timing_s/", "perf/"))}
+    assert {k: got[3][k] for k in keys} == {k: expected[3][k] for k in keys}

@@ -1,0 +1,47 @@
+"""WorkerGroup without a backend: how rows and seeds are dealt to replicas."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ppo_trainer.rollout.base import prompts_to_batch
+from ppo_trainer.workers.group import WorkerGroup
+
+
+class Recording:
+    """Workers that return each replica's rows and remember the arguments each replica got."""
+
+    def __init__(self, replicas: int):
+        self.replicas = replicas
+        self.calls: list[tuple] = []
+
+    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
+        self.calls = list(args_per_replica)
+        return [args[0].input_ids.float() for args in args_per_replica]
+
+    def __len__(self) -> int:
+        return self.replicas
+
+    def shutdown(self) -> None:
+        pass
+
+
+def prompts(rows: int):
+    return prompts_to_batch([[1 + i, 2, 3] for i in range(rows)], pad_id=0)
+
+
+def test_each_replica_samples_with_its_own_seed_and_one_replica_keeps_the_seed():
+    seeds = {}
+    for replicas in (1, 2, 4):
+        workers = Recording(replicas)
+        group = WorkerGroup("rollout", workers)
+        out = group.run_split("generate", prompts(8), 2, seed=1234)
+        torch.testing.assert_close(out, prompts(8).input_ids.float())  # rows come back in order
+        seeds[replicas] = [args[-1] for args in workers.calls]
+    assert seeds[1] == [1234]
+    assert len(set(seeds[4])) == 4 and seeds[2] == seeds[4][:2]
+    again = Recording(4)
+    WorkerGroup("rollout", again).run_split("generate", prompts(8), 2, seed=1234)
+    assert [args[-1] for args in again.calls] == seeds[4]  # deterministic
