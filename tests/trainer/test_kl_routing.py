@@ -51,7 +51,7 @@ def test_the_kl_reaches_the_reward_only_when_the_config_routes_it_there(override
     cfg = smoke_cfg("gae.normalize_advantages=false", *overrides)
     assert kl_in_reward(cfg) == in_reward
     assert cfg.algorithm.use_kl_loss == in_loss
-    batch, metrics = trainer_without_workers(cfg).compute_advantages(scored_batch())
+    batch, metrics = trainer_without_workers(cfg).compute_advantages(scored_batch(), step=1)
     expected = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     if in_reward:
         expected -= cfg.gae.kl_coef * torch.log(torch.tensor(2.0)) * batch.response_mask
