@@ -11,6 +11,7 @@ error or a dry run answers within seconds.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -286,17 +287,22 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
     """Entry point of `ppo-eval`: greedy accuracy of a model on a dataset split."""
     argv = sys.argv[1:] if argv is None else argv
     _quiet_third_party_logs()
-    if any(a in ("-h", "--help") for a in argv):
-        print("usage: ppo-eval [key=value ...]   e.g. ppo-eval model.path=embedded:smollm2-135m-instruct "
-              "data.source=files data.val_files=[test.jsonl] eval.limit=64\n"
-              "model.path: a model folder or name, a checkpoint's actor folder, a global_step_N folder, "
-              "checkpoints/latest or checkpoints/best, or a run's output folder (a checkpoint is evaluated "
-              "with its run's config.yaml); model.path=[A,B] compares several on the same problems")
-        return
+    parser = argparse.ArgumentParser(
+        prog="ppo-eval", description="Greedy accuracy of one or more models on a dataset split.",
+        epilog="e.g. ppo-eval model.path=embedded:smollm2-135m-instruct data.source=files "
+               "data.val_files=[test.jsonl] eval.limit=64. model.path: a model folder or name, a checkpoint's "
+               "actor folder, a global_step_N folder, checkpoints/latest or checkpoints/best, or a run's output "
+               "folder (a checkpoint is evaluated with its run's config.yaml); model.path=[A,B] compares several "
+               "on the same problems")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for ppo-train")
+    overrides = parser.parse_args(argv).overrides  # an unknown flag: usage and exit 2
+    for arg in overrides:
+        if "=" not in arg:
+            parser.error(f"'{arg}' is not a key=value override")
     try:
         from ppo_trainer.evaluate import run_eval
 
-        run_eval([a for a in argv if not a.startswith("-")])
+        run_eval(overrides)
     except ConfigError as e:
         print(f"ppo-eval: config error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -79,3 +79,22 @@ def test_short_multirun_flag_sweeps(tmp_path):
                        cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
+
+
+def ppo_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    code = "import sys; from ppo_trainer.cli import eval_main; eval_main(sys.argv[1:])"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("arg, message", [("--limit=4", "unrecognized arguments: --limit=4"),
+                                          ("eval.limit", "'eval.limit' is not a key=value override")])
+def test_ppo_eval_rejects_an_argument_it_does_not_understand(tmp_path, arg, message):
+    result = ppo_eval("model.path=random:tiny", arg, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_ppo_eval_help_lists_the_model_path_forms(tmp_path):
+    result = ppo_eval("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "checkpoints/latest" in result.stdout
