@@ -179,7 +179,7 @@ def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[s
     if cfg.devices.backend == "ray":
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
-        return build_ray_groups(cfg, kind)
+        return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
     from ppo_trainer.workers.roles import ROLE_CLASSES
 
     return {role: WorkerGroup(role, LocalWorkers(ROLE_CLASSES[role](cfg, kind.torch_device_type))) for role in ROLES}

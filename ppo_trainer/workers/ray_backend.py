@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -47,9 +47,6 @@ from ppo_trainer.workers.devices import (
     ray_init_kwargs,
     worker_resources,
 )
-
-if TYPE_CHECKING:
-    from ppo_trainer.workers.group import WorkerGroup
 
 log = logging.getLogger("ppo_trainer")
 
@@ -443,8 +440,8 @@ class RayWorkers:
 
 
 def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None,
-                     placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> dict[str, WorkerGroup]:
-    """Actor, critic and rollout groups on Ray, placed per `plan_placement(cfg)`.
+                     placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> dict[str, RayWorkers]:
+    """The workers of the actor, critic and rollout roles on Ray, placed per `plan_placement(cfg)`.
 
     Starts or joins Ray (`start_ray`), checks that the plan fits before creating anything, then
     creates the placement groups and the workers of all roles concurrently and waits for them.
@@ -475,7 +472,5 @@ def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None,
         for p in pools.values():
             p.remove()
         raise
-    from ppo_trainer.workers.group import WorkerGroup
-
     log.info("ray: %s", ", ".join(f"{r} x{len(w)}" for r, w in workers.items()))
-    return {role: WorkerGroup(role, w) for role, w in workers.items()}
+    return workers
