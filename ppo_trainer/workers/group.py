@@ -11,7 +11,7 @@ Two ways to call a role's method:
 - `run_split(method, batch, ..., seed=None)`: the batch's rows dealt across replicas, balanced by
   token count; the per-replica results (tensors with a leading row dimension, or Batches) are put
   back in the original row order. A `seed` is appended to each replica's arguments as
-  `replica_seed(seed, i)`, so replicas do not draw the same random numbers.
+  `roles.replica_seed(seed, i)`, so replicas do not draw the same random numbers.
 
 `build_groups(cfg)` builds the actor, critic and rollout groups of a config for either backend.
 """
@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
+from ppo_trainer.workers.roles import ROLE_CLASSES, replica_seed
 
 if TYPE_CHECKING:
     from ppo_trainer.workers.devices import DeviceKind
@@ -56,14 +57,6 @@ class LocalWorkers:
 
     def shutdown(self) -> None:
         self.role = None
-
-
-def replica_seed(seed: int, replica: int) -> int:
-    """The seed of replica `replica` of a call seeded with `seed`: `seed` itself for replica 0 (so
-    a one-replica run samples what it always did), a distinct deterministic seed for the others."""
-    if replica == 0:
-        return seed
-    return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
 
 
 def balanced_partition(costs: Sequence[int], parts: int) -> list[list[int]]:
@@ -180,6 +173,4 @@ def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[s
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
         return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
-    from ppo_trainer.workers.roles import ROLE_CLASSES
-
     return {role: WorkerGroup(role, LocalWorkers(ROLE_CLASSES[role](cfg, kind.torch_device_type))) for role in ROLES}

@@ -15,7 +15,14 @@ from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import uses_reference
-from ppo_trainer.workers.group import replica_seed
+
+
+def replica_seed(seed: int, replica: int) -> int:
+    """The seed of replica `replica` of a call seeded with `seed`: `seed` itself for replica 0 (so
+    a one-replica run samples what it always did), a distinct deterministic seed for the others."""
+    if replica == 0:
+        return seed
+    return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
 
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
