@@ -20,23 +20,17 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import ConfigError, check_key, check_value, register_configs
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-CONFIG_NAME = "ppo"
-# How to install the Hydra sweeper plugins that configs/sweep/ may select.
-_SWEEPER_PACKAGES = {"optuna": "pip install 'ppo-trainer[optuna]'"}
+from ppo_trainer.config import (
+    CONFIG_DIR,
+    CONFIG_NAME,
+    ConfigError,
+    check_overrides,
+    compose,
+    normalize_overrides,
+    register_configs,
+)
 
 log = logging.getLogger("ppo_trainer")
-
-
-def group_options(group: str) -> list[str]:
-    """Option names of a config group (YAML files in configs/<group>/)."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
-
-
-def config_groups() -> list[str]:
-    return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
 def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -53,102 +47,6 @@ def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         else:
             flags.append(arg)
     return flags, overrides
-
-
-def normalize_overrides(overrides: list[str]) -> list[str]:
-    """Accept a single path for the list-typed file keys: `data.val_files=test.jsonl` -> `[test.jsonl]`."""
-    out = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if sep and key.lstrip("+") in ("data.train_files", "data.val_files") and value and not value.startswith("["):
-            override = f"{key}=[{value}]"
-        out.append(override)
-    return out
-
-
-def check_overrides(overrides: list[str]) -> None:
-    """Check every override against the schema and the group options; raise ConfigError.
-
-    Catches what Hydra lets through (`+gae.gama=0.9` adds a key the schema lacks) and turns
-    what Hydra would report in several lines into one line with the valid choices.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as e:
-        raise ConfigError(f"cannot parse override: {str(e).splitlines()[0]}") from None
-    groups = config_groups()
-    for override in parsed:
-        key = override.key_or_group
-        if key.startswith("hydra") or override.package is not None:
-            if key == "hydra/sweeper" and not override.is_delete():
-                check_sweeper(override.get_value_element_as_str())
-            continue
-        if key in groups:
-            if override.is_delete():
-                continue
-            options = group_options(key)
-            values = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
-            for value in values:
-                if value not in options:
-                    prefix = "+" if key in ("experiment", "sweep") else ""
-                    raise ConfigError(f"unknown option '{prefix}{key}={value}'; available: {', '.join(options)}")
-                if key == "sweep":
-                    check_sweep_file(value)
-            continue
-        check_key(key)
-        if not override.is_delete():
-            for value in _assigned_values(override):
-                check_value(key, value)
-
-
-def _assigned_values(override: Any) -> list[Any]:
-    """The values an override may assign: its value, each value of a choice or range sweep, or
-    the bounds of an interval (Optuna); none for a glob."""
-    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-
-    value = override.value()
-    if isinstance(value, ChoiceSweep):
-        return list(value.list)
-    if isinstance(value, RangeSweep):
-        return list(override.sweep_iterator())
-    if isinstance(value, IntervalSweep):
-        return [value.start, value.end]
-    return [] if override.is_sweep_override() else [value]
-
-
-def installed_sweepers() -> set[str]:
-    """The hydra/sweeper options Hydra finds: its own `basic` and those of installed plugins."""
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance()  # imports the installed hydra_plugins, which register their sweeper configs
-    return {name[: -len(".yaml")] for name in ConfigStore.instance().list("hydra/sweeper") if name.endswith(".yaml")}
-
-
-def check_sweeper(name: str) -> None:
-    """Raise ConfigError unless the Hydra sweeper `name` is installed."""
-    if name not in installed_sweepers():
-        hint = _SWEEPER_PACKAGES.get(name, "install the Hydra plugin that provides it")
-        raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")
-
-
-def check_sweep_file(name: str) -> None:
-    """Check configs/sweep/NAME.yaml before Hydra runs it: the sweeper it selects is installed,
-    and its hydra.sweeper.params pass the same checks as command-line overrides."""
-    path = CONFIG_DIR / "sweep" / f"{name}.yaml"
-    sweep = OmegaConf.to_container(OmegaConf.load(path))
-    for entry in sweep.get("defaults") or []:
-        for group, option in entry.items() if isinstance(entry, dict) else []:
-            if group.split()[-1].strip("/") == "hydra/sweeper":
-                check_sweeper(str(option))
-    params = ((sweep.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    try:
-        check_overrides([f"{key}={value}" for key, value in params.items()])
-    except ConfigError as e:
-        raise ConfigError(f"configs/sweep/{name}.yaml, hydra.sweeper.params: {e}") from None
 
 
 class _HydraRun:
@@ -261,26 +159,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
         if e.code == 1 and not _HydraRun.task_started:
             sys.exit(2)  # Hydra rejected the command line or the composition: a config error
         raise
-
-
-def compose(overrides: list[str]) -> DictConfig:
-    """Compose and statically validate a config without Hydra's run machinery (tests, ppo-eval)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ppo_trainer.config import validate_static
-
-    register_configs()
-    overrides = normalize_overrides(overrides)
-    check_overrides(overrides)
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(" ".join(str(e).split())) from None
-    return validate_static(cfg)
 
 
 def eval_main(argv: Optional[list[str]] = None) -> None:

@@ -320,7 +320,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     """
     from omegaconf import OmegaConf
 
-    from ppo_trainer.cli import compose
+    from ppo_trainer.config import compose
     from ppo_trainer.data import load_prompts
     from ppo_trainer.models.loading import load_tokenizer
     from ppo_trainer.rewards.loader import load_reward_fn

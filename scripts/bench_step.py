@@ -105,7 +105,7 @@ def build_workload(folder: Path, shape: dict, seed: int) -> tuple[Path, Path]:
 
 
 def bench_config(model_dir: Path, prompts: Path, shape: dict, device: str, dtype: str, output_dir: Path):
-    from ppo_trainer.cli import compose
+    from ppo_trainer.config import compose
 
     return compose([
         f"model.path={model_dir}", f"model.dtype={dtype}", f"critic.dtype={dtype}", "model.lora.rank=0",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_trainer.cli import compose, config_groups, group_options
+from ppo_trainer.config import compose, config_groups, group_options
 from ppo_trainer.config import ConfigError
 
 GROUPS = [g for g in config_groups() if g not in ("experiment", "sweep")]  # the optional `+` groups

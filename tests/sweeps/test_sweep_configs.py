@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from ppo_trainer import cli
+from ppo_trainer import config as cli_config
 from ppo_trainer.config import ConfigError
 
-SWEEPS = cli.group_options("sweep")
+SWEEPS = cli_config.group_options("sweep")
 
 
 def test_there_are_grid_and_optuna_examples():
@@ -20,19 +21,19 @@ def test_there_are_grid_and_optuna_examples():
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_file_is_global_and_starts_with_its_command(name):
-    lines = (cli.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()
+    lines = (cli_config.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()
     assert lines[0] == "# @package _global_"
     assert lines[1].startswith("# ppo-train --multirun +experiment=") and lines[1].endswith(f" +sweep={name}")
 
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_file_params_pass_the_schema_checks(name, monkeypatch):
-    monkeypatch.setattr(cli, "installed_sweepers", lambda: {"basic", "optuna"})
-    cli.check_overrides([f"+sweep={name}"])
+    monkeypatch.setattr(cli_config, "installed_sweepers", lambda: {"basic", "optuna"})
+    cli_config.check_overrides([f"+sweep={name}"])
 
 
 def test_optuna_sweep_without_the_plugin_exits_2_with_the_install_command(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "installed_sweepers", lambda: {"basic"})
+    monkeypatch.setattr(cli_config, "installed_sweepers", lambda: {"basic"})
     with pytest.raises(SystemExit) as exit_info:
         cli.train_main(["--multirun", "+experiment=smoke", "+sweep=optuna_smoke"])
     assert exit_info.value.code == 2
@@ -42,25 +43,25 @@ def test_optuna_sweep_without_the_plugin_exits_2_with_the_install_command(monkey
 
 
 def test_selecting_an_uninstalled_sweeper_on_the_command_line_is_a_config_error(monkeypatch):
-    monkeypatch.setattr(cli, "installed_sweepers", lambda: {"basic"})
+    monkeypatch.setattr(cli_config, "installed_sweepers", lambda: {"basic"})
     with pytest.raises(ConfigError, match=r"hydra/sweeper=optuna is not installed: pip install 'ppo-trainer\[optuna\]'"):
-        cli.check_overrides(["hydra/sweeper=optuna", "gae.lam=interval(0.9,1.0)"])
+        cli_config.check_overrides(["hydra/sweeper=optuna", "gae.lam=interval(0.9,1.0)"])
 
 
 @pytest.mark.parametrize("override", ["gae.lam=interval(0.9,1.0)", "critic.lr=tag(log, interval(1e-4,1e-2))",
                                       "gae.lam=range(0.9,1.0,0.05)", "sampler.n=int(interval(1,4))"])
 def test_interval_and_range_sweeps_are_checked_by_their_values(override):
-    cli.check_overrides([override])
+    cli_config.check_overrides([override])
 
 
 def test_a_float_interval_over_an_integer_key_is_a_config_error():
     with pytest.raises(ConfigError, match="sampler.n"):
-        cli.check_overrides(["sampler.n=interval(1,4)"])
+        cli_config.check_overrides(["sampler.n=interval(1,4)"])
 
 
 def test_unknown_sweep_names_the_available_ones():
     with pytest.raises(ConfigError, match=r"unknown option '\+sweep=nope'; available: .*kl_and_lambda"):
-        cli.check_overrides(["+sweep=nope"])
+        cli_config.check_overrides(["+sweep=nope"])
 
 
 def test_grid_sweep_file_drives_the_multirun(tmp_path: Path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.cli import compose
+from ppo_trainer.config import compose
 from ppo_trainer.config import ConfigError, kl_in_reward
 from ppo_trainer.data import PromptRecord
 from ppo_trainer.plan import describe_plan

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.cli import compose
+from ppo_trainer.config import compose
 from ppo_trainer.core import adaptive_lambda, compute_gae
 from ppo_trainer.trainer import Trainer, run_training
 

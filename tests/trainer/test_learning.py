@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from ppo_trainer.cli import compose
+from ppo_trainer.config import compose
 from ppo_trainer.trainer import run_training
 
 

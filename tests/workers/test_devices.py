@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ppo_trainer.cli import compose
+from ppo_trainer.config import compose
 from ppo_trainer.plan import placement_lines
 from ppo_trainer.workers.devices import (
     ClusterNode,
