@@ -24,6 +24,7 @@ class Batch:
     | sample_logprobs | [B, T]    | the sampler's logprobs of the response tokens                  |
     | old_logprobs    | [B, T]    | the actor's logprobs before this step's update                 |
     | ref_logprobs    | [B, T]    | the reference policy's logprobs                                |
+    | rollout_weights | [B, T]    | rollout correction weights on the policy loss (None: off)      |
     | values          | [B, T]    | V(s_t): the critic's value of the state before token t         |
     | scores          | [B]       | the reward function's score of each response                   |
     | token_rewards   | [B, T]    | score on the last response token minus the per-token KL term   |
@@ -42,6 +43,7 @@ class Batch:
     sample_logprobs: Optional[torch.Tensor] = None
     old_logprobs: Optional[torch.Tensor] = None
     ref_logprobs: Optional[torch.Tensor] = None
+    rollout_weights: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None
     scores: Optional[torch.Tensor] = None
     token_rewards: Optional[torch.Tensor] = None

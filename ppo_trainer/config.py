@@ -106,7 +106,10 @@ class SamplerConfig:
 @dataclass
 class GaeConfig:
     gamma: float = 1.0
-    lam: float = 1.0
+    lam: float = 1.0  # lambda of the policy's advantages
+    critic_lam: Optional[float] = None  # lambda of the critic's returns (VC-PPO); None: gae.lam
+    lam_mode: str = "fixed"  # fixed | adaptive: per-sequence 1 - 1/(adaptive_alpha * length) (VAPO)
+    adaptive_alpha: float = 0.05  # lam_mode=adaptive only
     kl_coef: float = 0.001  # KL penalty in the reward; 0 disables it
     kl_penalty: str = "k1"  # k1 | abs | k2 | k3
     kl_ctrl: str = "fixed"  # fixed | adaptive
@@ -130,6 +133,10 @@ class AlgorithmConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "k3"
     recompute_old_logprobs: bool = True  # False: use the sampler's logprobs as old logprobs
+    rollout_correction: str = "none"  # none | tis | mis: weights pi_old / pi_rollout on the policy loss
+    rollout_correction_cap: float = 2.0  # tis: token weights truncated at this value
+    rollout_correction_low: float = 0.5  # mis: sequences whose geometric-mean ratio is outside
+    rollout_correction_high: float = 2.0  # [low, high] get no policy loss
     shuffle_mini_batches: bool = True
 
 
@@ -394,6 +401,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _one_of(cfg, "sampler.name", ("hf", "vllm"))
     _one_of(cfg, "gae.kl_penalty", ("k1", "abs", "k2", "k3"))
     _one_of(cfg, "gae.kl_ctrl", ("fixed", "adaptive"))
+    _one_of(cfg, "gae.lam_mode", ("fixed", "adaptive"))
+    _one_of(cfg, "algorithm.rollout_correction", ("none", "tis", "mis"))
     _one_of(cfg, "algorithm.loss_agg_mode", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
     _one_of(cfg, "algorithm.kl_loss_type", ("k1", "abs", "k2", "k3"))
     _one_of(cfg, "devices.backend", ("local", "ray"))
@@ -435,6 +444,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 
     _require(0 <= g.gamma <= 1, "gae.gamma", f"must be in [0, 1], got {g.gamma}")
     _require(0 <= g.lam <= 1, "gae.lam", f"must be in [0, 1], got {g.lam}")
+    _require(g.critic_lam is None or 0 <= g.critic_lam <= 1, "gae.critic_lam",
+             f"must be in [0, 1], or null for gae.lam, got {g.critic_lam}")
+    _require(g.adaptive_alpha > 0, "gae.adaptive_alpha", f"must be > 0, got {g.adaptive_alpha}")
     _require(g.kl_coef >= 0, "gae.kl_coef", "must be >= 0")
     _require(g.kl_target > 0, "gae.kl_target", "must be > 0")
     _require(g.kl_horizon > 0, "gae.kl_horizon", "must be > 0")
@@ -447,6 +459,16 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(a.entropy_coef >= 0, "algorithm.entropy_coef", "must be >= 0")
     _require(a.critic_warmup >= 0, "algorithm.critic_warmup", "must be >= 0")
     _require(a.kl_loss_coef >= 0, "algorithm.kl_loss_coef", "must be >= 0")
+    if a.rollout_correction != "none":
+        _require(a.recompute_old_logprobs, "algorithm.rollout_correction",
+                 f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
+                 "logprobs as the old ones every weight pi_old / pi_rollout is 1; set one of them back")
+    _require(a.rollout_correction_cap >= 1, "algorithm.rollout_correction_cap",
+             f"must be >= 1 (a cap below 1 truncates on-policy tokens, ratio 1), got {a.rollout_correction_cap}")
+    _require(0 < a.rollout_correction_low <= 1, "algorithm.rollout_correction_low",
+             f"must be in (0, 1] (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_low}")
+    _require(a.rollout_correction_high >= 1, "algorithm.rollout_correction_high",
+             f"must be >= 1 (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_high}")
     _require(a.ppo_micro_batch_tokens >= d.max_prompt_length + s.max_new_tokens, "algorithm.ppo_micro_batch_tokens",
              f"({a.ppo_micro_batch_tokens}) must hold one full sequence: >= data.max_prompt_length + "
              f"sampler.max_new_tokens = {d.max_prompt_length + s.max_new_tokens}")

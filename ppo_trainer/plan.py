@@ -54,6 +54,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
                  f"max_new_tokens={cfg.sampler.max_new_tokens}")
     lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
                  f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
+    lines.extend(correction_lines(cfg))
     lines.append("")
     lines.append("# devices")
     lines.extend(placement_lines(cfg))
@@ -66,6 +67,20 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         lines.append("# warnings (a real run stops on these)")
         lines.extend(f"WARNING: {p}" for p in problems)
     return "\n".join(lines)
+
+
+def correction_lines(cfg: DictConfig) -> list[str]:
+    """The lambdas of the two learners and the rollout correction, as the run will use them."""
+    g, a = cfg.gae, cfg.algorithm
+    policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
+    critic = str(g.lam if g.critic_lam is None else g.critic_lam)
+    if a.critic_warmup:
+        critic += f" (1.0 in the {a.critic_warmup} warm-up steps)"
+    correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
+                  "mis": f"mis, sequences kept with geometric-mean ratio in "
+                         f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
+    return [f"lambda:    policy advantages {policy}, critic returns {critic}",
+            f"rollout correction: {correction}"]
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:

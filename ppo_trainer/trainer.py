@@ -28,10 +28,12 @@ from ppo_trainer.config import ConfigError
 from ppo_trainer.core import (
     AdaptiveKL,
     FixedKL,
+    adaptive_lambda,
     compute_gae,
     explained_variance,
     masked_mean,
     masked_whiten,
+    rollout_weights,
     token_rewards,
 )
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
@@ -184,13 +186,16 @@ class Trainer:
                 else:
                     old = batch.sample_logprobs
                 batch = batch.with_fields(old_logprobs=old)
+            if cfg.algorithm.recompute_old_logprobs:
+                batch, correction = self.rollout_correction(batch)
+                metrics.update(correction)
             if self.uses_reference:
                 with timer("ref"):
                     batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
             with timer("values"):
                 batch = batch.with_fields(values=self.critic.run_split("compute_values", batch))
             with timer("adv"):
-                batch, adv_metrics = self.compute_advantages(batch)
+                batch, adv_metrics = self.compute_advantages(batch, step)
                 metrics.update(adv_metrics)
             with timer("update_critic"):
                 metrics.update(self.guard_nonfinite("critic", self.critic.run_all("update", batch)[0]))
@@ -224,13 +229,13 @@ class Trainer:
             )
         return metrics
 
-    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
         """Token rewards (score minus KL penalty), GAE, optional whitening; the KL controller
         steps on this batch's mean per-sequence KL."""
         g, mask = self.cfg.gae, batch.response_mask
         kl_coef = self.kl_ctrl.value
         rewards, kl = token_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, kl_coef, g.kl_penalty)
-        advantages, returns = compute_gae(rewards, batch.values, mask, g.gamma, g.lam)
+        advantages, returns, lam_metrics = self.gae(rewards, batch, step)
         if g.normalize_advantages:
             advantages = masked_whiten(advantages, mask)
         sequence_kl = (kl * mask).sum(dim=1).mean().item()
@@ -248,7 +253,42 @@ class Trainer:
             "response_length/mean": lengths.mean().item(),
             "response_length/clip_ratio": batch.truncated.float().mean().item(),
         }
+        metrics.update(lam_metrics)
         return batch.with_fields(token_rewards=rewards, advantages=advantages, returns=returns), metrics
+
+    def gae(self, rewards: torch.Tensor, batch: Batch, step: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """GAE with one lambda per learner (VC-PPO): the policy's advantages [B, T] with gae.lam, or
+        per sequence with gae.lam_mode=adaptive (VAPO); the critic's returns [B, T] with
+        gae.critic_lam (default gae.lam).
+
+        During the algorithm.critic_warmup steps the critic learns lambda-1 (Monte Carlo) returns,
+        which do not lean on its own untrained values, of the initial policy's rollouts (the actor
+        is not updated yet). critic/warmup_vf_explained_var_before (step 1) and _after (the first
+        step after the warm-up: fresh rollouts, still of the initial policy) measure the critic
+        against those returns."""
+        g, mask, warmup = self.cfg.gae, batch.response_mask, self.cfg.algorithm.critic_warmup
+        lam = adaptive_lambda(mask, g.adaptive_alpha) if g.lam_mode == "adaptive" else g.lam
+        critic_lam = 1.0 if step <= warmup else (g.lam if g.critic_lam is None else g.critic_lam)
+        advantages, returns = compute_gae(rewards, batch.values, mask, g.gamma, lam)
+        if g.lam_mode == "adaptive" or critic_lam != lam:
+            returns = compute_gae(rewards, batch.values, mask, g.gamma, critic_lam)[1]
+        metrics = {}
+        if warmup and step in (1, warmup + 1):
+            monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, batch.values, mask, g.gamma, 1.0)[1]
+            phase = "before" if step == 1 else "after"
+            explained = explained_variance(batch.values, monte_carlo, mask).item()
+            metrics[f"critic/warmup_vf_explained_var_{phase}"] = explained
+        return advantages, returns, metrics
+
+    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The batch with rollout_weights (algorithm.rollout_correction; None for none), computed
+        once per step from the recomputed old logprobs and the sampler's, and the rollout_corr/*
+        diagnostics (core.rollout_correction.rollout_weights)."""
+        a = self.cfg.algorithm
+        weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
+                                         a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
+                                         a.rollout_correction_high)
+        return batch.with_fields(rollout_weights=weights), {f"rollout_corr/{k}": v.item() for k, v in stats.items()}
 
     def sync_rollout_weights(self) -> None:
         """Push the actor's current full weights (LoRA merged) into every rollout replica."""

@@ -1,6 +1,6 @@
 """The PPO algorithm as pure torch functions: no I/O, no distributed state."""
 
-from ppo_trainer.core.gae import compute_gae, token_rewards
+from ppo_trainer.core.gae import adaptive_lambda, compute_gae, token_rewards
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.losses import (
     AGG_MODES,
@@ -15,6 +15,7 @@ from ppo_trainer.core.losses import (
 )
 from ppo_trainer.core.masked import masked_mean, masked_var, masked_whiten
 from ppo_trainer.core.metrics import approx_kl, clip_fraction, explained_variance, masked_stats
+from ppo_trainer.core.rollout_correction import rollout_weights
 
 __all__ = [
     "AGG_MODES",
@@ -23,6 +24,7 @@ __all__ = [
     "FixedKL",
     "PolicyLossOutput",
     "ValueLossOutput",
+    "adaptive_lambda",
     "aggregate",
     "approx_kl",
     "clip_fraction",
@@ -35,6 +37,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "rollout_weights",
     "token_rewards",
     "value_loss",
 ]

@@ -21,7 +21,7 @@ import torch
 from ppo_trainer.core import losses
 from ppo_trainer.core.masked import masked_whiten
 
-__all__ = ["compute_gae", "masked_whiten", "token_rewards"]
+__all__ = ["adaptive_lambda", "compute_gae", "masked_whiten", "token_rewards"]
 
 
 @torch.no_grad()
@@ -76,13 +76,14 @@ def compute_gae(
     values: torch.Tensor,
     response_mask: torch.Tensor,
     gamma: float,
-    lam: float,
+    lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns, vectorised over the batch.
 
     ``delta_t = r_t + gamma * V(s_next) - V(s_t)`` and ``A_t = delta_t + gamma * lam * A_next``,
     where "next" is the next valid token of the same row. Masked positions are skipped as if
-    they were removed from the row, so any mask works, not only right padding.
+    they were removed from the row, so any mask works, not only right padding. ``lam`` is one
+    number or a [B] tensor with one lambda per sequence (``adaptive_lambda``).
 
     Shapes: see the module table. Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
     """
@@ -106,7 +107,26 @@ def compute_gae(
 
     # On a masked position delta is 0 and the decay 1, so A passes through it unchanged and the
     # valid token before it sees the next valid token's advantage.
-    decay = torch.full_like(deltas, gamma * lam).masked_fill_(~valid_by_t, 1.0)
+    lam_by_row = torch.as_tensor(lam, dtype=values.dtype, device=values.device)  # [] or [B]
+    decay = torch.where(valid_by_t, gamma * lam_by_row, 1.0)
     advantages = torch.where(valid, _reverse_scan(deltas, decay)[:-1].T, 0)
     returns = torch.where(valid, advantages + values, 0)
     return advantages, returns
+
+
+def adaptive_lambda(response_mask: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's length-adaptive lambda (Yue et al. 2025): ``clamp(1 - 1 / (alpha * l), 0, 1)`` per
+    sequence, ``l`` its number of valid response tokens.
+
+    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the advantage
+    of the first tokens of a long response hardly sees the final score; raising lambda with the
+    length keeps the sum of the GAE weights, 1 / (1 - lambda) = alpha * l, proportional to the
+    length. Rows of at most 1 / alpha tokens (and empty rows) get 0.
+
+    ============== ======
+    response_mask  [B, T]
+    return         [B] float32
+    ============== ======
+    """
+    lengths = response_mask.bool().sum(dim=-1).float()
+    return torch.clamp(1 - 1 / (alpha * lengths), 0, 1)

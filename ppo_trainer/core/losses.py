@@ -102,13 +102,17 @@ def policy_loss(
     agg: str = "token-mean",
     global_tokens: Count | None = None,
     global_seqs: Count | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped PPO surrogate, to be minimised.
 
     Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
     ``r = exp(logprobs - old_logprobs)``. With ``dual_clip = c > 1``, tokens with A < 0 are
     additionally capped at ``-c * A``: a very large ratio on a bad action would otherwise give an
-    unbounded loss. Reduced by ``aggregate(agg, global_tokens, global_seqs)``.
+    unbounded loss. ``token_weights`` [B, T] (rollout correction, ``core.rollout_correction``)
+    multiply each token's clipped loss as constants: they are detached, and the denominators of
+    the aggregation stay the token / sequence counts. Reduced by
+    ``aggregate(agg, global_tokens, global_seqs)``.
 
     Shapes: see the module table; returns a ``PolicyLossOutput`` of scalars.
     """
@@ -131,6 +135,8 @@ def policy_loss(
         negative = advantages < 0
         dual_clipfrac = clip_fraction(negative & (loss_mat > bound), valid)
         loss_mat = torch.where(negative, torch.minimum(loss_mat, bound), loss_mat)
+    if token_weights is not None:
+        loss_mat = loss_mat * torch.where(valid, token_weights.detach(), 0)
 
     loss = aggregate(loss_mat, valid, agg, global_tokens, global_seqs)
     return PolicyLossOutput(loss, clipfrac, approx_kl(logprobs, old_logprobs, valid), dual_clipfrac)

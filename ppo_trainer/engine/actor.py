@@ -153,7 +153,7 @@ class ActorEngine:
         norm = {"global_tokens": counts.tokens, "global_seqs": counts.seqs}
         pg = policy_loss(
             logp, micro.old_logprobs, micro.advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.dual_clip,
-            a.loss_agg_mode, **norm,
+            a.loss_agg_mode, **norm, token_weights=micro.rollout_weights,
         )
         share = mask.sum() / counts.tokens  # this micro-batch's part of the mini-batch's tokens
         loss = pg.loss
@@ -178,6 +178,8 @@ class ActorEngine:
         _require(batch, "response_mask", "old_logprobs", "advantages")
         if self.algorithm.use_kl_loss:
             _require(batch, "ref_logprobs")
+        if self.algorithm.rollout_correction != "none":
+            _require(batch, "rollout_weights")
         a = self.algorithm
         stats = self.engine.train(batch, self.micro_batch_loss, self.mini_batch_size, a.ppo_epochs,
                                   a.ppo_micro_batch_tokens, a.shuffle_mini_batches, self.seed)
