@@ -4,8 +4,12 @@ A question is a digit string; with `data.prompt_template='{question}='` and no c
 the tiny model's character tokenizer sees one token per digit, e.g. "3+4=" or "123=":
 
 - `sum`: "a+b" -> the sum of two digits, for the 55 pairs with a one-digit sum (a + b <= 9).
-  The addition table is the task, so both splits hold every pair: training draws pairs
-  uniformly, validation is the whole table.
+  The addition table is the task, so both splits hold every pair; validation is the whole table.
+  Training draws the sum uniformly, then a pair with that sum: every answer is equally frequent.
+  With pairs drawn uniformly the answer 9 is ten times as frequent as 0, and a policy whose
+  output does not yet depend on the prompt (the tiny random model's, for its first ~20 steps)
+  is pushed towards the frequent answers and away from the rare ones, which are then hardly
+  ever sampled again (see tests/trainer/test_learning.py).
 - `reverse`: a string of `min_length`..`max_length` digits (the length drawn uniformly, then
   each digit) -> the same digits in reverse order. Validation holds `val_size` distinct strings of
   `max_length` digits that training never shows (the hash split of the arithmetic generator),
@@ -48,7 +52,12 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
         if split == "val":
             return [{"question": f"{a}+{b}", "answer": str(a + b)} for a, b in SUM_PAIRS]
         rng = random.Random(cfg.seed)
-        return [{"question": f"{a}+{b}", "answer": str(a + b)} for a, b in rng.choices(SUM_PAIRS, k=cfg.train_size)]
+        rows = []
+        for _ in range(cfg.train_size):
+            total = rng.randint(0, 9)
+            a = rng.randint(0, total)
+            rows.append({"question": f"{a}+{total - a}", "answer": str(total)})
+        return rows
     if cfg.task == "reverse":
         return _reverse_rows(cfg, split)
     raise ValueError(f"data.digits.task={cfg.task!r} is unknown; use 'sum' or 'reverse'")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from ppo_trainer.config import ConfigError, DigitsConfig
@@ -15,9 +17,11 @@ def test_sum_rows_are_one_digit_sums_and_validation_is_the_whole_table() -> None
     for row in val + generate_rows(DigitsConfig(task="sum", train_size=500), "train"):
         a, b = map(int, row["question"].split("+"))
         assert 0 <= a + b <= 9 and row["answer"] == str(a + b)
-    train = generate_rows(DigitsConfig(task="sum", train_size=500, seed=3), "train")
-    assert len(train) == 500 and train == generate_rows(DigitsConfig(task="sum", train_size=500, seed=3), "train")
+    train = generate_rows(DigitsConfig(task="sum", train_size=3000, seed=3), "train")
+    assert len(train) == 3000 and train == generate_rows(DigitsConfig(task="sum", train_size=3000, seed=3), "train")
     assert {r["question"] for r in train} == {r["question"] for r in val}  # every pair is drawn
+    counts = Counter(r["answer"] for r in train)
+    assert len(counts) == 10 and all(240 < c < 360 for c in counts.values())  # each answer ~300 times
 
 
 def test_reverse_rows_hold_out_long_strings_and_keep_every_length_for_training() -> None:
