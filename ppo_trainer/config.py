@@ -180,8 +180,7 @@ class DigitsConfig:
     """Digit tasks for the tiny model (data.source=digits; see ppo_trainer/data/digits.py)."""
 
     task: str = "reverse"  # reverse (a digit string backwards) | sum (two digits, one-digit sum)
-    min_length: int = 1  # reverse: training strings have min_length..max_length digits
-    max_length: int = 3  # reverse: validation strings have max_length digits, held out from training
+    length: int = 3  # reverse: digits per string
     train_size: int = 3000  # training rows (one epoch of the prompt loader)
     val_size: int = 100  # reverse: distinct held-out strings; sum: validation is all 55 pairs
     seed: int = 0  # draws of the training rows
@@ -489,9 +488,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         _one_of(cfg, "data.digits.task", ("reverse", "sum"))
         _require(d.digits.train_size >= 1, "data.digits.train_size", "must be >= 1")
         _require(d.digits.val_size >= 1, "data.digits.val_size", "must be >= 1")
-        _require(1 <= d.digits.min_length <= d.digits.max_length, "data.digits.min_length",
-                 f"({d.digits.min_length}) must be in [1, data.digits.max_length={d.digits.max_length}]")
-        answer_tokens = d.digits.max_length if d.digits.task == "reverse" else 1
+        _require(d.digits.length >= 1, "data.digits.length", "must be >= 1")
+        answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
         _require(s.max_new_tokens >= answer_tokens, "sampler.max_new_tokens",
                  f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")
     _require(":" in cfg.reward.fn, "reward.fn", f"is {cfg.reward.fn!r}; expected 'module:function'")

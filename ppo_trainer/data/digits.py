@@ -1,7 +1,7 @@
 """Digit tasks for the tiny model (`data.source=digits`): small proofs that PPO learns.
 
-A question is a digit string; with `data.prompt_template='{question}='` and no chat template
-the tiny model's character tokenizer sees one token per digit, e.g. "3+4=" or "123=":
+A question is the whole prompt, e.g. "3+4=" or "123="; with `data.prompt_template='{question}'`
+and no chat template the tiny model's character tokenizer sees one token per character:
 
 - `sum`: "a+b" -> the sum of two digits, for the 55 pairs with a one-digit sum (a + b <= 9).
   The addition table is the task, so both splits hold every pair; validation is the whole table.
@@ -10,17 +10,19 @@ the tiny model's character tokenizer sees one token per digit, e.g. "3+4=" or "1
   output does not yet depend on the prompt (the tiny random model's, for its first ~20 steps)
   is pushed towards the frequent answers and away from the rare ones, which are then hardly
   ever sampled again (see tests/trainer/test_learning.py).
-- `reverse`: a string of `min_length`..`max_length` digits (the length drawn uniformly, then
-  each digit) -> the same digits in reverse order. Validation holds `val_size` distinct strings of
-  `max_length` digits that training never shows (the hash split of the arithmetic generator),
-  so validation accuracy measures the learned procedure, not memorised strings. The shorter
-  strings are a curriculum: the first answer token is always the digit before "=", the k-th the
-  one 2k-1 positions back, whatever the length, so what the short strings teach carries over.
+- `reverse`: a string of `length` digits -> the same digits in reverse order: "123=" -> "321".
+  A random policy hits all three digits with probability ~1e-6, so training rows give away
+  the first k answer digits, k drawn uniformly from 0..length-1: "123=32" -> "1", "123=3" ->
+  "21", "123=" -> "321" (a reverse curriculum: the row that gives k digits away is exactly
+  the state a full answer reaches after its first k digits, so what the easy rows teach is what
+  the full task needs next). Validation holds `val_size` distinct strings, with nothing given
+  away, that training never shows (the hash split of the arithmetic generator): its accuracy
+  measures the learned procedure, not memorised strings.
 
 `score` is the tasks' reward (`reward.fn=ppo_trainer.data.digits:score`): 1 when the response
 begins with the answer, all its digits right, else 0, on the last token only. What follows
 the answer is ignored: a random policy ends its response (EOS) with probability ~0.01 per
-token, so an exact match would hide nearly every right answer to a short string.
+token, so an exact match would hide nearly every right answer to a row with digits given away.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if cfg.task == "sum":
         if split == "val":
-            return [{"question": f"{a}+{b}", "answer": str(a + b)} for a, b in SUM_PAIRS]
+            return [{"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in SUM_PAIRS]
         rng = random.Random(cfg.seed)
         rows = []
         for _ in range(cfg.train_size):
             total = rng.randint(0, 9)
             a = rng.randint(0, total)
-            rows.append({"question": f"{a}+{total - a}", "answer": str(total)})
+            rows.append({"question": f"{a}+{total - a}=", "answer": str(total)})
         return rows
     if cfg.task == "reverse":
         return _reverse_rows(cfg, split)
@@ -71,20 +73,19 @@ def _reverse_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
     seen: set[str] = set()
     misses = 0  # draws since the last accepted one; a long run means the pool is exhausted
     while len(rows) < size and misses < MAX_MISSES:
-        length = cfg.max_length if want_val else rng.randint(cfg.min_length, cfg.max_length)
-        digits = "".join(rng.choice(DIGITS) for _ in range(length))
-        # only strings of max_length digits are held out; every shorter one is training data
-        held_out = length == cfg.max_length and in_val_pool(digits)
-        if held_out != want_val or (want_val and digits in seen):
+        digits = "".join(rng.choice(DIGITS) for _ in range(cfg.length))
+        if in_val_pool(digits) != want_val or (want_val and digits in seen):
             misses += 1
             continue
         misses = 0
+        given = 0 if want_val else rng.randrange(cfg.length)  # answer digits given away in the prompt
         if want_val:
             seen.add(digits)
-        rows.append({"question": digits, "answer": digits[::-1]})
+        answer = digits[::-1]
+        rows.append({"question": f"{digits}={answer[:given]}", "answer": answer[given:]})
     if len(rows) < size:
         raise ValueError(
-            f"data.digits: found only {len(rows)} distinct held-out strings of {cfg.max_length} digits of the "
-            f"{size} asked for; raise data.digits.max_length or lower data.digits.val_size"
+            f"data.digits: found only {len(rows)} distinct held-out strings of {cfg.length} digits of the "
+            f"{size} asked for; raise data.digits.length or lower data.digits.val_size"
         )
     return rows

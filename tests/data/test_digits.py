@@ -11,12 +11,17 @@ from ppo_trainer.data.arithmetic import in_val_pool
 from ppo_trainer.data.digits import generate_rows, score
 
 
+def _sum(question: str) -> int:
+    a, b = question.rstrip("=").split("+")
+    return int(a) + int(b)
+
+
 def test_sum_rows_are_one_digit_sums_and_validation_is_the_whole_table() -> None:
     val = generate_rows(DigitsConfig(task="sum"), "val")
     assert len(val) == 55 == len({r["question"] for r in val})
     for row in val + generate_rows(DigitsConfig(task="sum", train_size=500), "train"):
-        a, b = map(int, row["question"].split("+"))
-        assert 0 <= a + b <= 9 and row["answer"] == str(a + b)
+        assert row["question"].endswith("=") and 0 <= _sum(row["question"]) <= 9
+        assert row["answer"] == str(_sum(row["question"]))
     train = generate_rows(DigitsConfig(task="sum", train_size=3000, seed=3), "train")
     assert len(train) == 3000 and train == generate_rows(DigitsConfig(task="sum", train_size=3000, seed=3), "train")
     assert {r["question"] for r in train} == {r["question"] for r in val}  # every pair is drawn
@@ -24,22 +29,26 @@ def test_sum_rows_are_one_digit_sums_and_validation_is_the_whole_table() -> None
     assert len(counts) == 10 and all(240 < c < 360 for c in counts.values())  # each answer ~300 times
 
 
-def test_reverse_rows_hold_out_long_strings_and_keep_every_length_for_training() -> None:
-    cfg = DigitsConfig(task="reverse", min_length=1, max_length=3, train_size=3000, val_size=100)
+def test_reverse_rows_give_away_a_prefix_of_the_answer_and_hold_out_validation_strings() -> None:
+    cfg = DigitsConfig(task="reverse", length=3, train_size=3000, val_size=100)
     train, val = generate_rows(cfg, "train"), generate_rows(cfg, "val")
-    assert all(r["answer"] == r["question"][::-1] for r in train + val)
-    assert {len(r["question"]) for r in train} == {1, 2, 3}
-    assert 900 < sum(len(r["question"]) == 3 for r in train) < 1100  # lengths drawn uniformly
+    given = Counter()
+    for row in train:
+        digits, _, prefix = row["question"].partition("=")
+        assert len(digits) == 3 and prefix + row["answer"] == digits[::-1] and row["answer"]
+        given[len(prefix)] += 1
+    assert sorted(given) == [0, 1, 2] and all(900 < c < 1100 for c in given.values())  # drawn uniformly
     assert len(val) == 100 == len({r["question"] for r in val})
-    assert all(len(r["question"]) == 3 and in_val_pool(r["question"]) for r in val)
-    assert not {r["question"] for r in train} & {r["question"] for r in val}
+    assert all(r["question"] == r["question"][:3] + "=" and r["answer"] == r["question"][2::-1] for r in val)
+    assert all(in_val_pool(r["question"][:3]) for r in val)
+    assert not {r["question"][:3] for r in train} & {r["question"][:3] for r in val}
     assert val == generate_rows(DigitsConfig(task="reverse", seed=7, train_size=5), "val")  # frozen
 
 
 def test_too_few_held_out_strings_is_an_error_naming_the_keys() -> None:
     # 108 of the 1000 three-digit strings are in the validation pool
     with pytest.raises(ValueError, match="only 108 distinct held-out strings of 3 digits .*data.digits.val_size"):
-        generate_rows(DigitsConfig(task="reverse", max_length=3, val_size=200), "val")
+        generate_rows(DigitsConfig(task="reverse", length=3, val_size=200), "val")
 
 
 @pytest.mark.parametrize(
@@ -55,8 +64,7 @@ def test_score_is_one_when_the_response_begins_with_the_answer(response: str, tr
     ("overrides", "key"),
     [
         (["data.digits.task=copy"], "data.digits.task"),
-        (["data.digits.min_length=4"], "data.digits.min_length"),
-        (["data.digits.min_length=0"], "data.digits.min_length"),
+        (["data.digits.length=0"], "data.digits.length"),
         (["data.digits.val_size=0"], "data.digits.val_size"),
         (["sampler.max_new_tokens=2"], "sampler.max_new_tokens"),
     ],
