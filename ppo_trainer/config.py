@@ -180,7 +180,8 @@ class DigitsConfig:
     """Digit tasks for the tiny model (data.source=digits; see ppo_trainer/data/digits.py)."""
 
     task: str = "reverse"  # reverse (a digit string backwards) | sum (two digits, one-digit sum)
-    length: int = 3  # reverse: digits per string
+    min_length: int = 1  # reverse: training strings have min_length..length digits
+    length: int = 3  # reverse: digits of the validation strings (held out from training)
     train_size: int = 3000  # training rows (one epoch of the prompt loader)
     val_size: int = 100  # reverse: distinct held-out strings; sum: validation is all 55 pairs
     seed: int = 0  # draws of the training rows
@@ -488,7 +489,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         _one_of(cfg, "data.digits.task", ("reverse", "sum"))
         _require(d.digits.train_size >= 1, "data.digits.train_size", "must be >= 1")
         _require(d.digits.val_size >= 1, "data.digits.val_size", "must be >= 1")
-        _require(d.digits.length >= 1, "data.digits.length", "must be >= 1")
+        _require(1 <= d.digits.min_length <= d.digits.length, "data.digits.min_length",
+                 f"({d.digits.min_length}) must be in [1, data.digits.length={d.digits.length}]")
         answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
         _require(s.max_new_tokens >= answer_tokens, "sampler.max_new_tokens",
                  f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")

@@ -10,19 +10,19 @@ and no chat template the tiny model's character tokenizer sees one token per cha
   output does not yet depend on the prompt (the tiny random model's, for its first ~20 steps)
   is pushed towards the frequent answers and away from the rare ones, which are then hardly
   ever sampled again (see tests/trainer/test_learning.py).
-- `reverse`: a string of `length` digits -> the same digits in reverse order: "123=" -> "321".
-  A random policy hits all three digits with probability ~1e-6, so training rows give away
-  the first k answer digits, k drawn uniformly from 0..length-1: "123=32" -> "1", "123=3" ->
-  "21", "123=" -> "321" (a reverse curriculum: the row that gives k digits away is exactly
-  the state a full answer reaches after its first k digits, so what the easy rows teach is what
-  the full task needs next). Validation holds `val_size` distinct strings, with nothing given
-  away, that training never shows (the hash split of the arithmetic generator): its accuracy
+- `reverse`: a string of digits -> the same digits in reverse order: "123=" -> "321".
+  A random policy gets three digits right with probability ~1e-6, so training strings have
+  `min_length`..`length` digits (the length drawn uniformly, then each digit): the one-digit
+  strings are an echo a random policy hits with probability ~0.01, and the k-th answer digit is
+  always the one 2k-1 positions before it, whatever the length, so what the short strings
+  teach carries over to the long ones. Validation holds `val_size` distinct strings of `length`
+  digits that training never shows (the hash split of the arithmetic generator): its accuracy
   measures the learned procedure, not memorised strings.
 
 `score` is the tasks' reward (`reward.fn=ppo_trainer.data.digits:score`): 1 when the response
 begins with the answer, all its digits right, else 0, on the last token only. What follows
 the answer is ignored: a random policy ends its response (EOS) with probability ~0.01 per
-token, so an exact match would hide nearly every right answer to a row with digits given away.
+token, so an exact match would hide nearly every right answer to a short string.
 """
 
 from __future__ import annotations
@@ -73,16 +73,17 @@ def _reverse_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
     seen: set[str] = set()
     misses = 0  # draws since the last accepted one; a long run means the pool is exhausted
     while len(rows) < size and misses < MAX_MISSES:
-        digits = "".join(rng.choice(DIGITS) for _ in range(cfg.length))
-        if in_val_pool(digits) != want_val or (want_val and digits in seen):
+        length = cfg.length if want_val else rng.randint(cfg.min_length, cfg.length)
+        digits = "".join(rng.choice(DIGITS) for _ in range(length))
+        # only strings of `length` digits are held out; every shorter one is training data
+        held_out = length == cfg.length and in_val_pool(digits)
+        if held_out != want_val or (want_val and digits in seen):
             misses += 1
             continue
         misses = 0
-        given = 0 if want_val else rng.randrange(cfg.length)  # answer digits given away in the prompt
         if want_val:
             seen.add(digits)
-        answer = digits[::-1]
-        rows.append({"question": f"{digits}={answer[:given]}", "answer": answer[given:]})
+        rows.append({"question": f"{digits}=", "answer": digits[::-1]})
     if len(rows) < size:
         raise ValueError(
             f"data.digits: found only {len(rows)} distinct held-out strings of {cfg.length} digits of the "

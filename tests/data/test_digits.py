@@ -29,19 +29,15 @@ def test_sum_rows_are_one_digit_sums_and_validation_is_the_whole_table() -> None
     assert len(counts) == 10 and all(240 < c < 360 for c in counts.values())  # each answer ~300 times
 
 
-def test_reverse_rows_give_away_a_prefix_of_the_answer_and_hold_out_validation_strings() -> None:
-    cfg = DigitsConfig(task="reverse", length=3, train_size=3000, val_size=100)
+def test_reverse_rows_hold_out_long_strings_and_keep_every_length_for_training() -> None:
+    cfg = DigitsConfig(task="reverse", min_length=1, length=3, train_size=3000, val_size=100)
     train, val = generate_rows(cfg, "train"), generate_rows(cfg, "val")
-    given = Counter()
-    for row in train:
-        digits, _, prefix = row["question"].partition("=")
-        assert len(digits) == 3 and prefix + row["answer"] == digits[::-1] and row["answer"]
-        given[len(prefix)] += 1
-    assert sorted(given) == [0, 1, 2] and all(900 < c < 1100 for c in given.values())  # drawn uniformly
+    assert all(r["question"] == r["answer"][::-1] + "=" for r in train + val)
+    lengths = Counter(len(r["answer"]) for r in train)
+    assert sorted(lengths) == [1, 2, 3] and all(900 < c < 1100 for c in lengths.values())  # drawn uniformly
     assert len(val) == 100 == len({r["question"] for r in val})
-    assert all(r["question"] == r["question"][:3] + "=" and r["answer"] == r["question"][2::-1] for r in val)
-    assert all(in_val_pool(r["question"][:3]) for r in val)
-    assert not {r["question"][:3] for r in train} & {r["question"][:3] for r in val}
+    assert all(len(r["answer"]) == 3 and in_val_pool(r["question"][:3]) for r in val)
+    assert not {r["question"] for r in train} & {r["question"] for r in val}
     assert val == generate_rows(DigitsConfig(task="reverse", seed=7, train_size=5), "val")  # frozen
 
 
@@ -64,7 +60,8 @@ def test_score_is_one_when_the_response_begins_with_the_answer(response: str, tr
     ("overrides", "key"),
     [
         (["data.digits.task=copy"], "data.digits.task"),
-        (["data.digits.length=0"], "data.digits.length"),
+        (["data.digits.min_length=4"], "data.digits.min_length"),
+        (["data.digits.min_length=0"], "data.digits.min_length"),
         (["data.digits.val_size=0"], "data.digits.val_size"),
         (["sampler.max_new_tokens=2"], "sampler.max_new_tokens"),
     ],
