@@ -3,13 +3,13 @@
 A question is the whole prompt, e.g. "3+4=" or "123="; with `data.prompt_template='{question}'`
 and no chat template the tiny model's character tokenizer sees one token per character:
 
-- `sum`: "a+b" -> the sum of two digits, for the 55 pairs with a one-digit sum (a + b <= 9).
+- `sum`: "a+b=" -> the sum of two digits, for the 55 pairs with a one-digit sum (a + b <= 9).
   The addition table is the task, so both splits hold every pair; validation is the whole table.
   Training draws the sum uniformly, then a pair with that sum: every answer is equally frequent.
   With pairs drawn uniformly the answer 9 is ten times as frequent as 0, and a policy whose
   output does not yet depend on the prompt (the tiny random model's, for its first ~20 steps)
   is pushed towards the frequent answers and away from the rare ones, which are then hardly
-  ever sampled again (see tests/trainer/test_learning.py).
+  ever sampled again (docs/learning.md).
 - `reverse`: a string of digits -> the same digits in reverse order: "123=" -> "321".
   A random policy gets three digits right with probability ~1e-6, so training strings have
   `min_length`..`length` digits (the length drawn uniformly, then each digit): the one-digit
