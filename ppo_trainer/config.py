@@ -178,8 +178,20 @@ class ArithmeticConfig:
 
 
 @dataclass
+class DigitsConfig:
+    """Digit tasks for the tiny model (data.source=digits; see ppo_trainer/data/digits.py)."""
+
+    task: str = "reverse"  # reverse (a digit string backwards) | sum (two digits, one-digit sum)
+    min_length: int = 1  # reverse: training strings have min_length..length digits
+    length: int = 3  # reverse: digits of the validation strings (held out from training)
+    train_size: int = 3000  # training rows (one epoch of the prompt loader)
+    val_size: int = 100  # reverse: distinct held-out strings; sum: validation is all 55 pairs
+    seed: int = 0  # draws of the training rows
+
+
+@dataclass
 class DataConfig:
-    source: str = "arithmetic"  # arithmetic | files | a hub dataset name (openai/gsm8k)
+    source: str = "arithmetic"  # arithmetic | digits | files | a hub dataset name (openai/gsm8k)
     hub_config: Optional[str] = None  # e.g. "main" for openai/gsm8k
     train_split: str = "train"
     val_split: str = "test"
@@ -195,6 +207,7 @@ class DataConfig:
     prompt_template: str = "{question} {instruction}"  # user message, then the chat template
     use_chat_template: bool = True
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    digits: DigitsConfig = field(default_factory=DigitsConfig)
 
 
 @dataclass
@@ -503,6 +516,15 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(d.arithmetic.val_size >= 1, "data.arithmetic.val_size", "must be >= 1")
     _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
     _require(0 <= d.arithmetic.two_step_fraction <= 1, "data.arithmetic.two_step_fraction", "must be in [0, 1]")
+    if d.source == "digits":
+        _one_of(cfg, "data.digits.task", ("reverse", "sum"))
+        _require(d.digits.train_size >= 1, "data.digits.train_size", "must be >= 1")
+        _require(d.digits.val_size >= 1, "data.digits.val_size", "must be >= 1")
+        _require(1 <= d.digits.min_length <= d.digits.length, "data.digits.min_length",
+                 f"({d.digits.min_length}) must be in [1, data.digits.length={d.digits.length}]")
+        answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
+        _require(s.max_new_tokens >= answer_tokens, "sampler.max_new_tokens",
+                 f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")
     _require(":" in cfg.reward.fn, "reward.fn", f"is {cfg.reward.fn!r}; expected 'module:function'")
 
     for role in ("actor", "critic", "rollout"):

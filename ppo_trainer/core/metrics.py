@@ -17,7 +17,10 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
     1 means the critic predicts the returns exactly, 0 means it does no better than predicting
     their mean, negative means worse. Returns 0 when the returns are constant (nothing to explain),
-    so the logged metric never turns into NaN.
+    so the logged metric never turns into NaN. "Constant" allows for float rounding: returns
+    A + V that are 0 in exact arithmetic (every score 0, gamma = lam = 1) come out of the GAE
+    sums as noise of about eps x T x |V|, whose tiny variance would otherwise make the ratio
+    explode (about -1e15 on such a batch of the tiny model).
 
     ============  =====
     values        [B, T]
@@ -29,7 +32,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     var_returns = masked_var(returns, mask)
     var_residual = masked_var(returns - values, mask)
     explained = 1 - var_residual / var_returns
-    return torch.where(var_returns > 0, explained, torch.zeros_like(explained))
+    scale = torch.where(mask.bool(), values.abs() + returns.abs(), 0).max()
+    rounding = torch.finfo(returns.dtype).eps * mask.shape[-1] * scale  # std of the sums' rounding error
+    return torch.where(var_returns > rounding.square(), explained, torch.zeros_like(explained))
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Load prompt datasets: a hub dataset, local jsonl/parquet files, or the built-in arithmetic generator.
+"""Load prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator
+(arithmetic word problems, digit tasks for the tiny model).
 
 `load_prompts(cfg, tokenizer, split)` returns `PromptRecord`s: each row's question rendered into
 the model's prompt format and tokenized, with its ground truth. On the way it
@@ -9,8 +10,8 @@ the model's prompt format and tokenized, with its ground truth. On the way it
 - drops prompts longer than `data.max_prompt_length` tokens and logs how many;
 - raises DataError when nothing is left, naming the source and the filter that emptied it.
 
-Column names come from `data.prompt_key` and `data.answer_key`; the arithmetic generator always
-writes "question" and "answer".
+Column names come from `data.prompt_key` and `data.answer_key`; the built-in generators always
+write "question" and "answer".
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ppo_trainer.config import DataConfig
-from ppo_trainer.data import arithmetic, gsm8k
+from ppo_trainer.data import arithmetic, digits, gsm8k
 
 logger = logging.getLogger("ppo_trainer")
 
 SPLITS = ("train", "val")
+GENERATED = ("arithmetic", "digits")  # built-in generators: their rows always have "question" and "answer"
 FILES_HINT = "data.source=files data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
 
 
@@ -74,7 +76,7 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptReco
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")
     source, rows = read_rows(cfg, split)
-    keys = ("question", "answer") if cfg.source == "arithmetic" else (cfg.prompt_key, cfg.answer_key)
+    keys = ("question", "answer") if cfg.source in GENERATED else (cfg.prompt_key, cfg.answer_key)
     examples, skipped = parse_rows(rows, keys, cfg.bad_rows)
     if skipped:
         logger.warning("data: skipped %d malformed %s rows of %s (data.bad_rows=skip); the first: %s",
@@ -102,6 +104,14 @@ def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
             raise DataError(str(e)) from None
         return f"the arithmetic generator ({split})", iter(
             RawRow(f"arithmetic[{split}] row {i}", row) for i, row in enumerate(problems)
+        )
+    if cfg.source == "digits":
+        try:
+            problems = digits.generate_rows(cfg.digits, split)
+        except ValueError as e:
+            raise DataError(str(e)) from None
+        return f"the digits generator ({cfg.digits.task}, {split})", iter(
+            RawRow(f"digits[{split}] row {i}", row) for i, row in enumerate(problems)
         )
     if cfg.source == "files":
         key = f"data.{split}_files"

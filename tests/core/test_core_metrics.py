@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ppo_trainer.core import approx_kl, clip_fraction, explained_variance, masked_stats
+from ppo_trainer.core import approx_kl, clip_fraction, compute_gae, explained_variance, masked_stats
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 RETURNS = torch.tensor([[1.0, 2.0, 4.0, 99.0], [-1.0, 3.0, -50.0, 7.0]])
@@ -26,6 +26,24 @@ def test_explained_variance_of_a_halfway_prediction():
 
 def test_explained_variance_is_zero_when_returns_are_constant():
     assert explained_variance(torch.randn(2, 4), torch.ones(2, 4), MASK).item() == 0.0
+
+
+def test_explained_variance_is_zero_when_returns_are_zero_up_to_rounding():
+    # A batch where every score is 0 (a sparse task early on): with gamma = lam = 1 the returns
+    # A + V are exactly 0 in real arithmetic, only float rounding of the GAE sums is left. That
+    # is nothing to explain; dividing by its ~1e-17 variance reported about -1e15.
+    torch.manual_seed(0)
+    mask = torch.ones(256, 3)
+    values = 0.1 * torch.randn(256, 3)
+    rewards = torch.zeros(256, 3)
+    _, returns = compute_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert returns.abs().max() < 1e-6
+    assert explained_variance(values, returns, mask).item() == 0.0
+
+
+def test_explained_variance_of_small_but_real_returns():
+    returns = torch.tensor([[1e-4, 2e-4, 4e-4, 0.0], [-1e-4, 3e-4, 0.0, 0.0]])
+    assert explained_variance(0.5 * returns, returns, MASK).item() == pytest.approx(0.75)
 
 
 def test_approx_kl_is_mean_of_old_minus_new_logprobs_on_valid_tokens():

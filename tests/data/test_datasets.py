@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ppo_trainer.config import ArithmeticConfig, DataConfig
+from ppo_trainer.config import ArithmeticConfig, DataConfig, DigitsConfig
 from ppo_trainer.data import DataError, PromptRecord, load_prompts
 from ppo_trainer.models.loading import load_tokenizer
 
@@ -151,6 +151,18 @@ def test_arithmetic_source_gives_the_frozen_validation_set(tokenizer: Any) -> No
     assert len(val) == 256 and len(train) == 50
     assert {r.question for r in val}.isdisjoint(r.question for r in train)
     assert all(isinstance(r, PromptRecord) and r.ground_truth.isdigit() for r in val)
+
+
+def test_digits_source_gives_one_token_per_character_prompts(tokenizer: Any) -> None:
+    cfg = DataConfig(source="digits", prompt_template="{question}", instruction="", use_chat_template=False,
+                     digits=DigitsConfig(task="reverse", length=3, train_size=40, val_size=8))
+    val, train = load_prompts(cfg, tokenizer, "val"), load_prompts(cfg, tokenizer, "train")
+    assert len(val) == 8 and len(train) == 40
+    first = val[0]
+    assert first.prompt == first.question and first.prompt.endswith("=") and len(first.prompt_ids) == 4
+    assert first.ground_truth == first.question[2::-1]
+    with pytest.raises(DataError, match="data.digits: found only 3 distinct held-out strings of 1 digits"):
+        load_prompts(DataConfig(source="digits", digits=DigitsConfig(length=1)), tokenizer, "val")
 
 
 def test_gsm8k_train_file_loads(gsm8k_dir: Path, tokenizer: Any) -> None:
