@@ -52,7 +52,9 @@ class ModelConfig:
     """The actor (policy); the reference policy and, by default, the critic start from it."""
 
     path: str = EMBEDDED_MODEL
-    dtype: str = "bfloat16"  # compute dtype; master weights stay float32
+    # compute dtype (also the rollout engine's): auto = bfloat16 where the device computes it
+    # natively (CUDA, NPU, a CPU with avx512_bf16 or amx_bf16), else float32; master weights stay float32
+    dtype: str = "auto"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
@@ -67,7 +69,7 @@ class CriticConfig:
     """The value model: a full-parameter backbone plus a Linear(hidden, 1) head."""
 
     path: Optional[str] = None  # None: the actor's model.path
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # as model.dtype
     gradient_checkpointing: bool = False
     cpu_offload: bool = False
     lr: float = 1e-5
@@ -221,6 +223,7 @@ class TrainerConfig:
     log_samples: int = 4  # samples per step written to samples.jsonl
     max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
     objective: str = "val/accuracy"  # metric returned to Hydra sweepers
+    verbose: bool = False  # show the engines' output on the console (else it goes to <output_dir>/engine.log)
 
 
 @dataclass
@@ -373,8 +376,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     cfg = to_schema(cfg)
     m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
-    _one_of(cfg, "model.dtype", ("float32", "bfloat16", "float16"))
-    _one_of(cfg, "critic.dtype", ("float32", "bfloat16", "float16"))
+    _one_of(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
+    _one_of(cfg, "critic.dtype", ("auto", "float32", "bfloat16", "float16"))
     _one_of(cfg, "model.attn_implementation", ("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
     _one_of(cfg, "model.optim.schedule", ("constant", "cosine"))
     _one_of(cfg, "critic.schedule", ("constant", "cosine"))
