@@ -187,6 +187,9 @@ class DataConfig:
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
     prompt_template: str = "{question} {instruction}"  # user message, then the chat template
     use_chat_template: bool = True
+    # None: the chat template's own default (SmolLM2's adds a ~20-token system prompt to every
+    # prompt); a string: that system message ("" for an empty one)
+    system_prompt: Optional[str] = None
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
 
 
@@ -450,6 +453,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              f"is set but data.source={d.source!r} would ignore it; add data.source=files")
     if d.source == "files":
         _require(len(d.train_files) > 0, "data.train_files", "is empty; data.source=files needs jsonl or parquet paths")
+    _require(d.system_prompt is None or d.use_chat_template, "data.system_prompt",
+             "is set but data.use_chat_template=false has no system turn; remove it or use the chat template")
     _require(d.arithmetic.val_size >= 1, "data.arithmetic.val_size", "must be >= 1")
     _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
     _require(0 <= d.arithmetic.two_step_fraction <= 1, "data.arithmetic.two_step_fraction", "must be in [0, 1]")
