@@ -149,7 +149,6 @@ class VllmSampler:
 
         set_env = in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process
-        threads = torch.get_num_threads()  # and drops the process to 1 thread "for serving"
         if set_env:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
@@ -158,7 +157,6 @@ class VllmSampler:
             if set_env:
                 del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
             torch.set_num_threads = set_num_threads
-            torch.set_num_threads(threads)  # in-process, the trainer's forwards and updates share them
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

@@ -101,9 +101,8 @@ def prompts(tokenizer) -> Batch:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine_and_threads(tiny_model_dir: Path):
-    """One float32 vLLM engine for the whole session (skips where vLLM is not installed), built
-    while torch used 2 threads, and the thread count right after the build."""
+def vllm_engine(tiny_model_dir: Path):
+    """One float32 vLLM engine for the whole session (skips where vLLM is not installed)."""
     from ppo_trainer.rollout import check_vllm_available
 
     problem = check_vllm_available()
@@ -111,19 +110,7 @@ def vllm_engine_and_threads(tiny_model_dir: Path):
         pytest.skip(problem)
     from ppo_trainer.rollout.vllm import VllmSampler
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        engine = VllmSampler(tiny_model_dir, sampler_config(), dtype="float32", seed=0)
-        after = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(threads)
-    return engine, after
-
-
-@pytest.fixture(scope="session")
-def vllm_engine(vllm_engine_and_threads):
-    return vllm_engine_and_threads[0]
+    return VllmSampler(tiny_model_dir, sampler_config(), dtype="float32", seed=0)
 
 
 @pytest.fixture
