@@ -20,6 +20,8 @@ Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forwar
 tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
 costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy bandwidth).
+"""
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +74,8 @@ def measure_ceilings(device: str, dtype: torch.dtype) -> Ceilings:
 
     a @ b
     mm = best(lambda: [a @ b for _ in range(10)], 3) / 10
-    copy = best(lambda: x.clone(), 5)
+    y = torch.empty_like(x)  # preallocated: a fresh buffer per copy would time its page faults
+    copy = best(lambda: y.copy_(x), 5)
     return Ceilings(tflops=2 * n**3 / mm / 1e12, bandwidth=2 * x.numel() / copy)
 
 
@@ -144,7 +147,7 @@ def bench_config(model_dir: Optional[Path], prompts: Path, shape: dict, device: 
 
 
 def matmul_params(model: torch.nn.Module) -> tuple[int, int]:
-    """(body, head): parameters every token multiplies (all but the input embedding, and but the
+    """(body, head): the parameters every token multiplies (all but the input embedding and the
     output projection), and those of the output projection (vocab x hidden; 0 without one)."""
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
