@@ -60,7 +60,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from hydra.types import RunMode
 
     from ppo_trainer.config import validate_static
-    from ppo_trainer.plan import describe_plan, environment_problems
+    from ppo_trainer.plan import describe_plan, dtype_summary, environment_problems
 
     _HydraRun.task_started = True
     try:
@@ -88,9 +88,17 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             job_dir = Path(cfg.trainer.output_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
+        from ppo_trainer.tracking import engine_output_to_file
         from ppo_trainer.trainer import run_training
 
-        return run_training(cfg)
+        if cfg.trainer.verbose:
+            _verbose_engine_logs()
+        with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
+            log.info("dtypes: %s", dtype_summary(cfg))
+            return run_training(cfg)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
+        print(f"ppo-train: interrupted; {last_checkpoint(Path(cfg.trainer.output_dir))}", file=sys.stderr)
+        sys.exit(130)
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
         print(f"ppo-train: config error: {e}", file=sys.stderr)
@@ -101,6 +109,16 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     except _run_errors() as e:
         print(f"ppo-train: stopped: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def last_checkpoint(output_dir: Path) -> str:
+    """Which checkpoint a rerun of the same command continues from, in words."""
+    from ppo_trainer.checkpoint import checkpoints_dir, complete_steps
+
+    steps = complete_steps(output_dir)
+    if not steps:
+        return "no checkpoint was written yet: a rerun starts over"
+    return f"the last complete checkpoint is {checkpoints_dir(output_dir) / f'global_step_{steps[-1]}'}: rerun to continue"
 
 
 def _loaded_errors(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
@@ -189,11 +207,24 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         sys.exit(2)
 
 
+# Log levels of the engines, applied unless the environment sets them: (quiet, trainer.verbose=true).
+_ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
+_defaulted: set[str] = set()
+
+
+def _verbose_engine_logs() -> None:
+    """trainer.verbose=true: the engines log at their info level (read when they are imported)."""
+    for var in _defaulted:
+        os.environ[var] = _ENGINE_LOG_LEVELS[var][1]
+
+
 def _quiet_third_party_logs() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no per-load reports or progress bars
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    for var, (quiet, _) in _ENGINE_LOG_LEVELS.items():  # transformers: no per-load reports or progress bars
+        if var not in os.environ:
+            os.environ[var] = quiet
+            _defaulted.add(var)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)

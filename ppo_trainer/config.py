@@ -53,7 +53,9 @@ class ModelConfig:
     """The actor (policy); the reference policy and, by default, the critic start from it."""
 
     path: str = EMBEDDED_MODEL
-    dtype: str = "bfloat16"  # compute dtype; master weights stay float32
+    # compute dtype (also the rollout engine's): auto = bfloat16 where the device computes it
+    # natively (CUDA, NPU, a CPU with avx512_bf16 or amx_bf16), else float32; master weights stay float32
+    dtype: str = "auto"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
@@ -68,7 +70,7 @@ class CriticConfig:
     """The value model: a full-parameter backbone plus a Linear(hidden, 1) head."""
 
     path: Optional[str] = None  # None: the actor's model.path
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # as model.dtype
     gradient_checkpointing: bool = False
     cpu_offload: bool = False
     lr: float = 1e-5
@@ -206,6 +208,9 @@ class DataConfig:
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
     prompt_template: str = "{question} {instruction}"  # user message, then the chat template
     use_chat_template: bool = True
+    # None: the chat template's own default (SmolLM2's adds a ~20-token system prompt to every
+    # prompt); a string: that system message ("" for an empty one)
+    system_prompt: Optional[str] = None
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     digits: DigitsConfig = field(default_factory=DigitsConfig)
 
@@ -244,6 +249,7 @@ class TrainerConfig:
     max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
     objective: str = "val/accuracy"  # metric returned to Hydra sweepers; checkpoints/best follows it
     objective_direction: str = "maximize"  # maximize | minimize: which objective value is best
+    verbose: bool = False  # show the engines' output on the console (else it goes to <output_dir>/engine.log)
 
 
 @dataclass
@@ -416,8 +422,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     cfg = to_schema(cfg)
     m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
-    _one_of(cfg, "model.dtype", ("float32", "bfloat16", "float16"))
-    _one_of(cfg, "critic.dtype", ("float32", "bfloat16", "float16"))
+    _one_of(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
+    _one_of(cfg, "critic.dtype", ("auto", "float32", "bfloat16", "float16"))
     _one_of(cfg, "model.attn_implementation", ("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
     _one_of(cfg, "model.optim.schedule", ("constant", "cosine"))
     _one_of(cfg, "critic.schedule", ("constant", "cosine"))
@@ -513,6 +519,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              f"is set but data.source={d.source!r} would ignore it; add data.source=files")
     if d.source == "files":
         _require(len(d.train_files) > 0, "data.train_files", "is empty; data.source=files needs jsonl or parquet paths")
+    _require(d.system_prompt is None or d.use_chat_template, "data.system_prompt",
+             "is set but data.use_chat_template=false has no system turn; remove it or use the chat template")
     _require(d.arithmetic.val_size >= 1, "data.arithmetic.val_size", "must be >= 1")
     _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
     _require(0 <= d.arithmetic.two_step_fraction <= 1, "data.arithmetic.two_step_fraction", "must be in [0, 1]")

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from ppo_trainer.config import kl_route, uses_reference
 from ppo_trainer.tracking import mask_secrets
 
-from ppo_trainer.workers.devices import describe_placement, detect, local_device_count, plan_placement
+from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
 
 
 def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
@@ -46,12 +46,13 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
     lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"
     reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
-    lines.append(f"actor:     {cfg.model.path} ({lora}, {cfg.model.dtype}, lr {cfg.model.optim.lr})")
+    lines.append(f"actor:     {cfg.model.path} ({lora}, lr {cfg.model.optim.lr})")
     lines.append(f"reference: {reference}")
     lines.append(f"critic:    {cfg.critic.path or cfg.model.path} (full-parameter, lr {cfg.critic.lr}, "
                  f"value_clip {cfg.critic.value_clip})")
     lines.append(f"rollout:   sampler={cfg.sampler.name}, n={cfg.sampler.n}, temperature={cfg.sampler.temperature}, "
                  f"max_new_tokens={cfg.sampler.max_new_tokens}")
+    lines.append(f"dtypes:    {dtype_summary(cfg)}")
     lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
                  f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
     lines.append(f"kl:        {kl_route(cfg)}{kl_details(cfg)}")
@@ -93,6 +94,21 @@ def kl_details(cfg: DictConfig) -> str:
     if a.use_kl_loss:
         parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def dtype_summary(cfg: DictConfig) -> str:
+    """The compute dtypes of the actor and rollout (model.dtype) and of the critic, with why `auto`
+    chose what it chose on this machine's accelerator."""
+    device_type = detect(cfg.devices.accelerator).torch_device_type
+    parts = []
+    for label, key in (("actor and rollout", "model.dtype"), ("critic", "critic.dtype")):
+        name = OmegaConf.select(cfg, key)
+        if name == "auto":
+            chosen, why = auto_dtype(device_type)
+            parts.append(f"{label} {chosen} ({key}=auto: {why})")
+        else:
+            parts.append(f"{label} {name} ({key})")
+    return "; ".join(parts)
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:

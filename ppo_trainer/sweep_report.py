@@ -5,7 +5,7 @@ Reads every job folder of the sweep (`SWEEP_DIR/0`, `SWEEP_DIR/1`, ...: `config.
 
     report.md         the sweep's command, then one row per run, best first (also printed)
     report.csv        the same rows, numbers at full precision
-    val_accuracy.png  the validation-accuracy curves of all runs (needs matplotlib)
+    val_accuracy.png  the validation-accuracy curves of all runs
 
 A run's overrides are read from `overrides.yaml` (ppo-train writes one per sweep job) or Hydra's
 `.hydra/overrides.yaml`; a folder with neither gets, instead, the config keys whose values differ
@@ -285,17 +285,14 @@ def _maximize(hydra: dict[str, Any], optuna_best: Optional[dict[str, Any]], fina
     return not (best is not None and values and best == min(values) != max(values))
 
 
-def plot_accuracy(report: Report, out: Path) -> Optional[Path]:
-    """Overlay the val/accuracy curves of all runs; None (and a one-line note) without matplotlib."""
-    try:
-        import matplotlib
+def plot_accuracy(report: Report, out: Path) -> Path:
+    """Overlay the val/accuracy curves of all runs."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        print(f"{out.name} not written: matplotlib is not installed (pip install 'ppo-trainer[logging]')")
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in report.runs:
         points = run.series(ACCURACY)

@@ -1,18 +1,21 @@
 """Where metrics go: console (progress bar with ETA and a per-step line), metrics.jsonl,
 samples.jsonl, and tensorboard / wandb / mlflow when installed and listed in trainer.loggers;
-plots.png at the end.
+plots.png at the end. `engine_output_to_file` keeps the console to those lines and sends what
+the engines print into <output_dir>/engine.log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, TextIO
 
 log = logging.getLogger("ppo_trainer")
 
@@ -59,6 +62,60 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+_console: Optional[TextIO] = None  # the terminal while engine_output_to_file is active
+
+
+def console_stream() -> TextIO:
+    """Where the run's own console lines go: the terminal (stdout), also while the process's
+    stdout and stderr are redirected into engine.log."""
+    return _console or sys.stdout
+
+
+@contextlib.contextmanager
+def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[None]:
+    """Redirect this process's file descriptors 1 and 2 into `log_path` (appending), so that
+    whatever the engines print lands there: vLLM's and Ray's loggers, C++ warnings of torch and
+    oneDNN, Python warnings, loaders' progress bars, and the output of child processes, which
+    inherit the descriptors. The progress bar and the step lines (`console_stream`) and the
+    "ppo_trainer" logger (a handler on the terminal's stderr) stay on the terminal; the logger
+    also reaches the file through the root logger. `verbose`: no redirection, everything shows.
+    An engine.log left empty is removed."""
+    global _console
+    if verbose:
+        yield
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1)
+    terminal_err = os.fdopen(os.dup(saved_err), "w", buffering=1)
+    handler = logging.StreamHandler(terminal_err)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    ours = logging.getLogger("ppo_trainer")
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    ours.addHandler(handler)
+    _console = terminal
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _console = None
+        ours.removeHandler(handler)
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err):
+            os.close(fd)
+        terminal.close()
+        terminal_err.close()
+        if log_path.is_file() and log_path.stat().st_size == 0:
+            log_path.unlink()
+
+
 class Tracker:
     """Fans one step's metrics out to the configured sinks."""
 
@@ -96,8 +153,14 @@ class Tracker:
     def _start_progress(self, start_step: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+        from rich.console import Console
+
+        # redirect_*=False: what the engines print goes to their own streams (engine.log), not
+        # through the bar's console
         self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                  console=Console(file=console_stream()), redirect_stdout=False,
+                                  redirect_stderr=False)
         self._task = self._progress.add_task("steps", total=self.total_steps, completed=start_step)
         self._progress.start()
 
@@ -202,18 +265,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
-    """plots.png: the headline metrics against step. Needs matplotlib (the `logging` extra)."""
+    """plots.png: the headline metrics against step (matplotlib, a base dependency)."""
     records = read_metrics(metrics_path)
     if not records:
         return None
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.info("plots.png not written: matplotlib is not installed (pip install 'ppo-trainer[logging]')")
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     cols = 3
     rows = math.ceil(len(PLOTTED) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows))

@@ -112,7 +112,6 @@ class Trainer:
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
         load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load
-        log.info("data: %d train prompts, %d validation prompts", len(train_records), len(val_records))
 
         output_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg))), output_dir / "config.yaml")

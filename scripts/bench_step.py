@@ -1,19 +1,25 @@
 """One PPO step of a fixed workload through the real Trainer roles: per-phase seconds, tokens/s,
-MFU, peak memory, and the hardware floor of each phase.
+peak memory, and each phase against its matmul floor on this machine.
 
-Workload (`--preset qwen0.5b`, the performance issue's): a random-initialised Qwen2.5-0.5B-shaped
-model (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 151936, tied
-embeddings), bf16 compute, 256 prompts of 128 tokens, exactly 256 response tokens each
-(`sampler.ignore_eos`), full-parameter actor and critic, one PPO epoch in 4 mini-batches, KL on
-(reference forward included). `--tiny` runs a small shape on CPU in about a minute.
+Presets:
+- `qwen0.5b` (the GPU performance issue's): a random-initialised Qwen2.5-0.5B-shaped model (hidden
+  896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 151936, tied embeddings), 256
+  prompts of 128 tokens, exactly 256 response tokens each, one epoch in 4 mini-batches, HF sampler.
+- `smollm2` (the CPU recipe's model): the embedded SmolLM2-135M-Instruct, 16 prompts "What is {a} +
+  {b}?" (a, b up to 999) through the gsm8k_cpu recipe's prompt format, 32 new tokens each, vLLM
+  rollout, one epoch in one mini-batch.
+- `tiny` (`--tiny`): a small random shape on CPU in about a minute.
+Every preset: full-parameter actor and critic, the reference forward (KL on), responses of exactly
+the preset's length (`sampler.ignore_eos`), compute dtype `auto` unless --dtype says otherwise.
 
+    python scripts/bench_step.py --preset smollm2
     python scripts/bench_step.py --tiny
     python scripts/bench_step.py --preset qwen0.5b --device cuda --json bench_step.json
 
-Floors: training costs 6 x params x tokens FLOPs per model (actor and critic), a no-grad forward
-2 x params x tokens (old logprobs, reference, values), and decoding is bound by
-max(2 x params x tokens / peak, steps x weight bytes / bandwidth). MFU = 6 x params x tokens /
-seconds / peak. Peak FLOP/s and bandwidth are measured on the device unless given.
+Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forward costs 2 x body x
+tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
+(all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
+costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy bandwidth).
 """
 
 from __future__ import annotations
@@ -27,17 +33,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 PRESETS = {
     "qwen0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                      intermediate_size=4864, vocab_size=151936, prompts=256, prompt_len=128, response_len=256,
-                     mini_batches=4, micro_tokens=24576),
+                     mini_batches=4, micro_tokens=24576, sampler="hf"),
+    "smollm2": dict(prompts=16, response_len=32, mini_batches=1, max_operand=999, sampler="vllm"),
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=256, vocab_size=2048, prompts=16, prompt_len=32, response_len=32,
-                 mini_batches=4, micro_tokens=2048),
+                 mini_batches=4, micro_tokens=2048, sampler="hf"),
 }
+PHASES = ["gen", "old_logprob", "ref", "values", "adv", "update_critic", "update_actor", "sync", "step"]
 
 
 @dataclass
@@ -48,7 +57,7 @@ class Ceilings:
 
 def measure_ceilings(device: str, dtype: torch.dtype) -> Ceilings:
     """Matmul throughput in the compute dtype and copy bandwidth, best of a few repeats."""
-    n = 8192 if device == "cuda" else 1024
+    n = 8192 if device == "cuda" else 2048
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     x = torch.empty(256 * 2**20 if device == "cuda" else 32 * 2**20, dtype=torch.uint8, device=device)
@@ -65,7 +74,8 @@ def measure_ceilings(device: str, dtype: torch.dtype) -> Ceilings:
 
     a @ b
     mm = best(lambda: [a @ b for _ in range(10)], 3) / 10
-    copy = best(lambda: x.clone(), 5)
+    y = torch.empty_like(x)  # preallocated: a fresh buffer per copy would time its page faults
+    copy = best(lambda: y.copy_(x), 5)
     return Ceilings(tflops=2 * n**3 / mm / 1e12, bandwidth=2 * x.numel() / copy)
 
 
@@ -104,33 +114,61 @@ def build_workload(folder: Path, shape: dict, seed: int) -> tuple[Path, Path]:
     return model_dir, prompts
 
 
-def bench_config(model_dir: Path, prompts: Path, shape: dict, device: str, dtype: str, output_dir: Path):
+def addition_prompts(folder: Path, shape: dict, seed: int) -> Path:
+    """A jsonl of `shape["prompts"]` questions "What is {a} + {b}?" with a, b up to max_operand."""
+    rng = random.Random(seed)
+    prompts = folder / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for _ in range(shape["prompts"]):
+            a, b = rng.randint(1, shape["max_operand"]), rng.randint(1, shape["max_operand"])
+            f.write(json.dumps({"question": f"What is {a} + {b}?", "answer": f"#### {a + b}"}) + "\n")
+    return prompts
+
+
+def bench_config(model_dir: Optional[Path], prompts: Path, shape: dict, device: str, dtype: str, output_dir: Path):
+    """The preset's config; `model_dir` None: the gsm8k_cpu recipe with the embedded model."""
     from ppo_trainer.config import compose
 
+    if model_dir is None:
+        model = ["+experiment=gsm8k_cpu"]
+    else:
+        model = [f"model.path={model_dir}", "data.use_chat_template=false", "data.prompt_template='{question}'",
+                 "data.instruction=''", f"data.max_prompt_length={shape['prompt_len']}",
+                 f"algorithm.ppo_micro_batch_tokens={shape['micro_tokens']}", f"sampler.generate_batch_size={shape['prompts']}"]
     return compose([
-        f"model.path={model_dir}", f"model.dtype={dtype}", f"critic.dtype={dtype}", "model.lora.rank=0",
-        "sampler=hf", "sampler.n=1", f"sampler.max_new_tokens={shape['response_len']}", "sampler.ignore_eos=true",
-        f"sampler.generate_batch_size={shape['prompts']}",
-        "data.source=files", f"data.train_files=[{prompts}]", f"data.val_files=[{prompts}]",
-        "data.use_chat_template=false", "data.prompt_template='{question}'", "data.instruction=''",
-        f"data.train_batch_size={shape['prompts']}", f"data.max_prompt_length={shape['prompt_len']}",
-        f"algorithm.ppo_mini_batch_size={shape['prompts'] // shape['mini_batches']}",
-        f"algorithm.ppo_micro_batch_tokens={shape['micro_tokens']}", "algorithm.ppo_epochs=1",
+        *model, f"model.dtype={dtype}", f"critic.dtype={dtype}", "model.lora.rank=0",
+        f"sampler={shape['sampler']}", "sampler.n=1", f"sampler.max_new_tokens={shape['response_len']}",
+        "sampler.ignore_eos=true", "data.source=files", f"data.train_files=[{prompts}]", f"data.val_files=[{prompts}]",
+        f"data.train_batch_size={shape['prompts']}",
+        f"algorithm.ppo_mini_batch_size={shape['prompts'] // shape['mini_batches']}", "algorithm.ppo_epochs=1",
         "gae.kl_coef=0.001", f"devices={'gpu' if device == 'cuda' else 'cpu'}",
         f"trainer.output_dir={output_dir}", "trainer.loggers=[jsonl]", "trainer.total_steps=100",
     ])
 
 
-def floors(params: int, shape: dict, c: Ceilings) -> dict[str, float]:
-    tokens = shape["prompts"] * (shape["prompt_len"] + shape["response_len"])
+def matmul_params(model: torch.nn.Module) -> tuple[int, int]:
+    """(body, head): the parameters every token multiplies (all but the input embedding and the
+    output projection), and those of the output projection (vocab x hidden; 0 without one)."""
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_weight = head.weight if head is not None else None
+    body = sum(p.numel() for p in model.parameters() if p is not embedding and p is not head_weight)
+    return body, (head_weight.numel() if head_weight is not None else 0)
+
+
+def floors(actor: tuple[int, int], critic: tuple[int, int], tokens: int, response_tokens: int, steps: int,
+           weight_bytes: int, c: Ceilings) -> dict[str, float]:
+    """Seconds per phase at the matmul rate (gen: or the weight reads of its decode steps)."""
     peak = c.tflops * 1e12
-    decode_compute = 2 * params * shape["prompts"] * shape["response_len"] / peak
-    decode_memory = shape["response_len"] * 2 * params / c.bandwidth
-    return {
-        "gen": max(decode_compute, decode_memory),
-        "forwards": 3 * 2 * params * tokens / peak,
-        "updates": 2 * 6 * params * tokens / peak,
-    }
+
+    def forward(params: tuple[int, int]) -> float:
+        return (2 * params[0] * tokens + 2 * params[1] * response_tokens) / peak
+
+    out = {"gen": max(forward(actor), steps * weight_bytes / c.bandwidth), "old_logprob": forward(actor),
+           "ref": forward(actor), "values": forward(critic), "update_critic": 3 * forward(critic),
+           "update_actor": 3 * forward(actor)}
+    out["step"] = sum(out.values())
+    return out
 
 
 def main() -> None:
@@ -138,10 +176,10 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen0.5b")
     parser.add_argument("--tiny", action="store_true", help="shortcut for --preset tiny --device cpu")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"],
-                        help="compute dtype (default: bfloat16 on cuda, float32 on cpu, where bf16 lacks fast kernels)")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                        help="compute dtype (auto: bf16 where the device computes it natively, else fp32)")
     parser.add_argument("--steps", type=int, default=3, help="PPO steps; the first is a warm-up")
-    parser.add_argument("--peak-tflops", type=float, help="bf16 peak (default: measured)")
+    parser.add_argument("--peak-tflops", type=float, help="matmul peak in the compute dtype (default: measured)")
     parser.add_argument("--bandwidth", type=float, help="device bandwidth in bytes/s (default: measured)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seed", type=int, default=0)
@@ -149,19 +187,27 @@ def main() -> None:
     if args.tiny:
         args.preset, args.device = "tiny", "cpu"
     shape = PRESETS[args.preset]
-    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     from ppo_trainer.trainer import Trainer
+    from ppo_trainer.workers.devices import resolve_dtype
 
+    dtype = resolve_dtype(args.dtype, args.device)
     measured = measure_ceilings(args.device, getattr(torch, dtype))
     ceilings = Ceilings(args.peak_tflops or measured.tflops, args.bandwidth or measured.bandwidth)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir, prompts = build_workload(Path(tmp), shape, args.seed)
+        if args.preset == "smollm2":
+            model_dir, prompts = None, addition_prompts(Path(tmp), shape, args.seed)
+        else:
+            model_dir, prompts = build_workload(Path(tmp), shape, args.seed)
         cfg = bench_config(model_dir, prompts, shape, args.device, dtype, Path(tmp) / "out")
         trainer = Trainer.from_config(cfg)
         try:
-            params = sum(p.numel() for p in trainer.actor.workers.role.engine.policy.parameters())
+            actor = trainer.actor.workers.role.engine.policy.hf_model
+            critic = trainer.critic.workers.role.engine.model.backbone
+            # every step trains on all the prompts (one epoch of the data): its real tokens
+            step_tokens = sum(len(r.prompt_ids) for r in trainer.loader.records) + shape["prompts"] * shape["response_len"]
             runs = []
             for step in range(1, args.steps + 1):
                 if args.device == "cuda":
@@ -169,37 +215,34 @@ def main() -> None:
                 metrics, _ = trainer.train_step(step)
                 runs.append(metrics)
                 print(f"step {step}: {metrics['timing_s/step']:.2f} s", file=sys.stderr)
+            actor_params, critic_params = matmul_params(actor), matmul_params(critic)
+            weight_bytes = sum(p.numel() for p in actor.parameters()) * torch.finfo(getattr(torch, dtype)).bits // 8
         finally:
             trainer.close()
 
     measured_runs = runs[1:] or runs
-    phases = ["gen", "old_logprob", "ref", "values", "adv", "update_critic", "update_actor", "sync", "step"]
-    seconds = {p: sum(r[f"timing_s/{p}"] for r in measured_runs) / len(measured_runs) for p in phases}
-    tokens = shape["prompts"] * (shape["prompt_len"] + shape["response_len"])
-    floor = floors(params, shape, ceilings)
-    peak = ceilings.tflops * 1e12
-    mfu = {
-        "update_actor": 6 * params * tokens / seconds["update_actor"] / peak,
-        "update_critic": 6 * params * tokens / seconds["update_critic"] / peak,
-        "forwards": 3 * 2 * params * tokens / (seconds["old_logprob"] + seconds["ref"] + seconds["values"]) / peak,
-    }
+    seconds = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in measured_runs) / len(measured_runs) for p in PHASES}
+    response_tokens = shape["prompts"] * shape["response_len"]
+    floor = floors(actor_params, critic_params, step_tokens, response_tokens, shape["response_len"], weight_bytes,
+                   ceilings)
     result = {
-        "preset": args.preset, "device": args.device, "dtype": dtype, "params": params, "tokens_per_step": tokens,
+        "preset": args.preset, "device": args.device, "dtype": dtype,
+        "params": {"actor_body": actor_params[0], "actor_head": actor_params[1], "critic_body": critic_params[0]},
+        "tokens_per_step": step_tokens, "response_tokens_per_step": response_tokens,
         "ceilings": {"matmul_tflops": ceilings.tflops, "bandwidth_gb_s": ceilings.bandwidth / 1e9},
-        "seconds": seconds, "floor_seconds": {**floor, "step": sum(floor.values())},
-        "tokens_per_s": {"step": tokens / seconds["step"],
-                         "gen": shape["prompts"] * shape["response_len"] / seconds["gen"]},
-        "mfu": mfu, "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
+        "seconds": seconds, "floor_seconds": floor,
+        "tokens_per_s": {"step": step_tokens / seconds["step"], "gen": response_tokens / seconds["gen"]},
+        "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
     }
-    print(f"preset {args.preset} on {args.device} ({dtype}): {params / 1e6:.1f}M params, {tokens} tokens/step, "
-          f"ceilings {ceilings.tflops:.3f} TFLOP/s, {ceilings.bandwidth / 1e9:.0f} GB/s")
-    print(f"{'phase':15s} {'seconds':>9s}")
-    for phase in phases:
-        print(f"{phase:15s} {seconds[phase]:9.3f}")
-    print(f"floor: gen {floor['gen']:.3f} s, forwards {floor['forwards']:.3f} s, updates {floor['updates']:.3f} s, "
-          f"step {sum(floor.values()):.3f} s")
+    print(f"preset {args.preset} on {args.device} ({dtype}): actor {sum(actor_params) / 1e6:.1f}M matmul params, "
+          f"{step_tokens} tokens/step ({response_tokens} generated); ceilings {ceilings.tflops * 1e3:.0f} GFLOP/s, "
+          f"{ceilings.bandwidth / 1e9:.0f} GB/s")
+    print(f"{'phase':15s} {'seconds':>9s} {'floor':>9s} {'x floor':>8s}")
+    for phase in PHASES:
+        f = floor.get(phase)
+        ratio = f"{seconds[phase] / f:8.2f}" if f else f"{'':8s}"
+        print(f"{phase:15s} {seconds[phase]:9.3f} {f if f else float('nan'):9.3f} {ratio}")
     print(f"tokens/s: step {result['tokens_per_s']['step']:.0f}, generation {result['tokens_per_s']['gen']:.0f}; "
-          f"MFU actor {mfu['update_actor']:.1%}, critic {mfu['update_critic']:.1%}, forwards {mfu['forwards']:.1%}; "
           f"peak memory {result['peak_memory_gb']:.2f} GB")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

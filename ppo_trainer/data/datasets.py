@@ -214,7 +214,7 @@ def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig, tokeniz
     try:
         prompts = [
             gsm8k.format_prompt(gsm8k.user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
-                                cfg.use_chat_template)
+                                cfg.use_chat_template, cfg.system_prompt)
             for _, question, _ in examples
         ]
     except ValueError as e:

@@ -7,7 +7,7 @@ the model's chat template with the assistant turn opened.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 ANSWER_MARKER = "####"
 
@@ -38,11 +38,13 @@ def user_message(question: str, template: str, instruction: str) -> str:
         ) from None
 
 
-def format_prompt(message: str, tokenizer: Any, use_chat_template: bool) -> str:
-    """The prompt text the model continues: the chat template with the generation prompt added,
-    or the bare message when `use_chat_template` is False."""
+def format_prompt(message: str, tokenizer: Any, use_chat_template: bool, system_prompt: Optional[str] = None) -> str:
+    """The prompt text the model continues: the chat template with the generation prompt added
+    (after a system turn of `system_prompt` unless it is None: then the template's default), or
+    the bare message when `use_chat_template` is False."""
     if not use_chat_template:
         return message
+    system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        [*system, {"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
     )

@@ -94,15 +94,16 @@ class ActorEngine:
         self.engine = FSDPEngine(
             self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim, total_steps
         )
+        self.dtype = self.engine.dtype  # the resolved compute dtype (cfg.dtype may be "auto")
         self.reference: Optional[FSDPEngine] = None
         self.use_reference = use_reference
         if use_reference and not self.policy.is_lora:
             frozen = CausalLMPolicy(  # stored in the compute dtype: it is never updated
                 load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
-                               trust_remote_code=cfg.trust_remote_code, dtype=compute_dtype(cfg.dtype)),
+                               trust_remote_code=cfg.trust_remote_code, dtype=compute_dtype(self.dtype)),
                 cfg.logprob_chunk_tokens,
             )
-            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, cfg.dtype, cfg.cpu_offload)
+            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
 
     @property
     def rank(self) -> int:
@@ -241,7 +242,7 @@ class ActorEngine:
         folder.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(hf_model.config)
         config.use_cache = True  # off for training; whoever loads the export generates with it
-        save_hf_weights(folder, config, state, compute_dtype(self.cfg.dtype))
+        save_hf_weights(folder, config, state, compute_dtype(self.dtype))
         if getattr(hf_model, "generation_config", None) is not None:
             hf_model.generation_config.save_pretrained(folder)
         self._copy_tokenizer(folder)

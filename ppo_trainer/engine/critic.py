@@ -124,7 +124,7 @@ class CriticEngine:
         float32); reload with `ValueModel.from_pretrained` or `CriticEngine(..., folder, ...)`."""
         state = self.full_state_dict()
         if self.rank == 0:
-            self.model.save_pretrained(folder, state_dict=state, dtype=compute_dtype(self.cfg.dtype))
+            self.model.save_pretrained(folder, state_dict=state, dtype=compute_dtype(self.engine.dtype))
         barrier()
 
     def save_state(self, folder: str | Path) -> None:

@@ -47,6 +47,7 @@ from ppo_trainer.engine.microbatch import (
     plan_micro_batches,
 )
 from ppo_trainer.engine.optim import build_optimizer, build_scheduler
+from ppo_trainer.workers.devices import resolve_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINE_STATE = "engine_state.json"
@@ -104,7 +105,8 @@ class FSDPEngine:
         module: the root module (float32 parameters, on CPU); sharded in place.
         layers: its repeated blocks, sharded one by one (each gathered only while it computes).
         device: where this rank computes ("cpu", "cuda", "cuda:1", "npu").
-        dtype: compute dtype name ("bfloat16", "float32", "float16").
+        dtype: compute dtype name ("bfloat16", "float32", "float16", or "auto": bf16 where `device`
+            computes it natively); the resolved name is `self.dtype`.
         cpu_offload: keep parameters, gradients and optimizer state in host memory.
         optim: optimizer settings; None builds a frozen (inference-only) engine.
         total_steps: optimizer steps over the run (needed by the cosine schedule only).
@@ -123,9 +125,10 @@ class FSDPEngine:
         fp32_modules: Sequence[nn.Module] = (),
     ) -> None:
         self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device.type)
         if optim is None:
             module.requires_grad_(False)
-        self.module = shard_model(module, layers, self.device, compute_dtype(dtype), cpu_offload, fp32_modules)
+        self.module = shard_model(module, layers, self.device, compute_dtype(self.dtype), cpu_offload, fp32_modules)
         self.optim_cfg = optim
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None

@@ -66,6 +66,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 
 RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {"tiny": tiny.build_tiny_model}
 
+_announced: set[Path] = set()  # embedded models whose cache folder was named on the console
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]  # no .bin/.onnx/.gguf copies
 _TRUE = {"1", "on", "yes", "true"}
 
@@ -175,7 +176,9 @@ def _embedded_model(name: str) -> Path:
     installed = importlib.metadata.version(model.distribution)
     target = cache_dir() / "embedded" / f"{name}-{model.distribution}-{installed}"
     if (target / "config.json").is_file():
-        logger.info("model %s%s: %s, served from the cache %s", EMBEDDED_PREFIX, name, model.description, target)
+        if target not in _announced:  # every role resolves the path: say it once per process
+            _announced.add(target)
+            logger.info("model %s%s: %s, served from the cache %s", EMBEDDED_PREFIX, name, model.description, target)
         return target
     logger.info("model %s%s: converting %s into %s (once; about a minute)", EMBEDDED_PREFIX, name, gguf, target)
     start = time.perf_counter()

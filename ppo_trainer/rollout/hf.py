@@ -16,11 +16,14 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists, prompts_to_batch
+from ppo_trainer.workers.devices import resolve_dtype
 
 
-def _dtype(name: str | torch.dtype | None) -> Optional[torch.dtype]:
+def _dtype(name: str | torch.dtype | None, device_type: str = "cpu") -> Optional[torch.dtype]:
+    """A torch dtype from a dtype key's value; "auto" resolves for `device_type`."""
     if name is None or isinstance(name, torch.dtype):
         return name
+    name = resolve_dtype(name, device_type)
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
@@ -72,7 +75,7 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.batch_size = batch_size
-        self.autocast_dtype = _dtype(dtype)
+        self.autocast_dtype = _dtype(dtype, next(model.parameters()).device.type)
         self.owns_module = owns_module
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -93,7 +96,7 @@ class HFSampler:
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=_dtype(dtype), trust_remote_code=trust_remote_code
+            model_dir, dtype=_dtype(dtype, torch.device(device).type), trust_remote_code=trust_remote_code
         ).to(device)
         model.eval()
         return cls(model, tokenizer, cfg, batch_size=batch_size, owns_module=True)

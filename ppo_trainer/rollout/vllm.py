@@ -25,6 +25,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
+from ppo_trainer.workers.devices import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class VllmSampler:
         model_dir: HF model folder (config, safetensors, tokenizer) with the initial weights.
         cfg: sampling settings and `cfg.vllm` engine settings (tensor_parallel_size,
             gpu_memory_utilization, max_model_len, enforce_eager, cpu_kv_cache_gb).
-        dtype: engine dtype ("bfloat16", "float32", ...). Pushed weights are cast to it.
+        dtype: engine dtype ("bfloat16", "float32", ..., or "auto": bf16 where the platform computes
+            it natively). Pushed weights are cast to it.
         seed: engine seed (each `generate` call also seeds its requests).
         max_model_len: used when `cfg.vllm.max_model_len` is None (the trainer passes
             data.max_prompt_length + sampler.max_new_tokens).
@@ -109,8 +111,9 @@ class VllmSampler:
         from vllm.platforms import current_platform
 
         self.cfg = cfg
-        self.dtype = _DTYPES[dtype]
         on_cpu = current_platform.is_cpu()
+        dtype = resolve_dtype(dtype, "cpu" if on_cpu else current_platform.device_type)
+        self.dtype = _DTYPES[dtype]
         v = cfg.vllm
         self.tensor_parallel_size = v.tensor_parallel_size
         self.gpu_memory_utilization = v.gpu_memory_utilization
@@ -119,7 +122,7 @@ class VllmSampler:
         self._sleep_enabled = enable_sleep and not on_cpu
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
         if enable_sleep and on_cpu:
-            log.info("vLLM sleep mode is not available on CPU: sleep()/wake() are no-ops")
+            log.debug("vLLM sleep mode is not available on CPU: sleep()/wake() are no-ops")
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),

@@ -116,6 +116,42 @@ def local_device_count(name: str) -> int:
     raise ValueError(f"local_device_count: {name!r} is not an accelerator (cuda, npu)")
 
 
+# CPU flags of instructions that multiply bf16 matrices natively (AVX-512 BF16, Intel AMX). Without
+# them bf16 matmuls fall back to slow conversions (on an AVX2-only EPYC ~1 GFLOP/s against tens in
+# fp32); with them bf16 is ~2.4x (AVX-512 BF16) to ~6x (AMX) faster than fp32.
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The instruction-set flags of this CPU (the first "flags" line of /proc/cpuinfo; empty
+    where the file does not exist, e.g. macOS). Reads a text file: no torch import."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def auto_dtype(device_type: str, flags: Optional[set[str]] = None) -> tuple[str, str]:
+    """(compute dtype, reason) for `dtype=auto` on `device_type` ("cuda", "npu", "cpu"): bfloat16
+    where the device computes it natively, float32 elsewhere. `flags` defaults to `cpu_flags()`."""
+    if device_type in ("cuda", "npu"):
+        return "bfloat16", f"{device_type} computes bf16 natively"
+    flags = cpu_flags() if flags is None else flags
+    found = [f for f in BF16_CPU_FLAGS if f in flags]
+    if found:
+        return "bfloat16", f"the CPU has {found[0]}"
+    return "float32", f"the CPU lacks {' and '.join(BF16_CPU_FLAGS)}: bf16 would be slower than fp32"
+
+
+def resolve_dtype(name: str, device_type: str) -> str:
+    """A dtype key's value ("auto", "bfloat16", "float32", "float16") as a concrete dtype name."""
+    return auto_dtype(device_type)[0] if name == "auto" else name
+
+
 # ---------------------------------------------------------------------------------------
 # Placement plan
 # ---------------------------------------------------------------------------------------

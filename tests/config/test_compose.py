@@ -109,3 +109,9 @@ def test_unknown_key_suggests_the_nearest_valid_key():
 def test_ray_backend_allows_several_devices_per_role():
     cfg = compose(["devices=multi_gpu"])
     assert [cfg.devices[r].num_devices for r in ("actor", "critic", "rollout")] == [4, 4, 4]
+
+
+def test_system_prompt_without_the_chat_template_is_rejected():
+    with pytest.raises(ConfigError, match="'data.system_prompt' is set but data.use_chat_template=false"):
+        compose(["data.system_prompt=Be brief.", "data.use_chat_template=false"])
+    assert compose(["data.system_prompt=''"]).data.system_prompt == ""

@@ -49,3 +49,15 @@ def test_format_prompt_opens_the_assistant_turn(tiny_model_dir: Path) -> None:
     assert format_prompt("Hi", tokenizer, use_chat_template=True) == \
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert format_prompt("Hi", tokenizer, use_chat_template=False) == "Hi"
+
+
+def test_system_prompt_replaces_the_templates_default_system_turn() -> None:
+    from ppo_trainer.models.loading import load_tokenizer as load
+
+    tokenizer = load("embedded:smollm2-135m-instruct")  # its template adds a default system prompt
+    default = format_prompt("Hi", tokenizer, use_chat_template=True)
+    assert default.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert format_prompt("Hi", tokenizer, use_chat_template=True, system_prompt="") == \
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert format_prompt("Hi", tokenizer, use_chat_template=True, system_prompt="Be brief.").startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n")

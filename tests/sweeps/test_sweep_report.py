@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -95,16 +94,6 @@ def test_unfinished_and_failed_runs_sort_last_and_show_their_progress(tmp_path):
     assert [r.name for r in report.runs] == ["1", "0", "2"]
     assert [r.steps() for r in report.runs] == ["1/4", "0/4", "0"]
     assert "| 2 | 1.1 | - | - | - | - | - | 0 | - |" in report.markdown()
-
-
-def test_missing_matplotlib_is_one_line_and_the_table_is_still_written(tmp_path, monkeypatch, capsys):
-    make_run(tmp_path, "0", 0.9, [0.0, 0.2], ["gae.lam=0.9"])
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    main([str(tmp_path)])
-    out = capsys.readouterr().out
-    assert "val_accuracy.png not written: matplotlib is not installed (pip install 'ppo-trainer[logging]')\n" in out
-    assert (tmp_path / "report.md").is_file() and (tmp_path / "report.csv").is_file()
-    assert not (tmp_path / "val_accuracy.png").exists()
 
 
 def test_a_folder_without_runs_exits_2_with_one_line(tmp_path, capsys):

@@ -178,3 +178,29 @@ def test_the_reported_failure_is_a_ranks_own_error_not_its_peers_connection_clos
     assert root_cause([peer, died]) == 1
     assert root_cause([died, peer]) == 0
     assert root_cause([peer, peer]) == 0
+
+
+def test_auto_dtype_is_bf16_on_accelerators_and_on_cpus_with_bf16_matrix_instructions(tmp_path):
+    from ppo_trainer.workers.devices import auto_dtype, cpu_flags, resolve_dtype
+
+    assert auto_dtype("cuda")[0] == "bfloat16" and auto_dtype("npu")[0] == "bfloat16"
+    assert auto_dtype("cpu", {"avx2", "avx512f", "avx512_bf16"}) == ("bfloat16", "the CPU has avx512_bf16")
+    assert auto_dtype("cpu", {"avx2", "amx_bf16", "amx_tile"})[0] == "bfloat16"
+    dtype, why = auto_dtype("cpu", {"avx2", "fma"})  # an AVX2-only EPYC: bf16 is slow there
+    assert dtype == "float32" and "avx512_bf16" in why
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(str(cpuinfo)) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_flags(str(tmp_path / "absent")) == set()  # no /proc/cpuinfo (macOS): float32
+    assert resolve_dtype("float32", "cuda") == "float32" and resolve_dtype("auto", "cuda") == "bfloat16"
+
+
+def test_dry_run_plan_says_which_dtype_auto_chose_and_why():
+    from ppo_trainer.plan import dtype_summary
+    from ppo_trainer.workers.devices import auto_dtype
+
+    line = dtype_summary(compose(["model=smollm2"]))
+    chosen, why = auto_dtype("cpu")
+    assert line.startswith(f"actor and rollout {chosen} (model.dtype=auto: {why})")
+    assert dtype_summary(compose(["+experiment=smoke"])) == \
+        "actor and rollout float32 (model.dtype); critic float32 (critic.dtype)"

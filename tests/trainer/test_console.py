@@ -1,0 +1,72 @@
+"""The console of a run: engine output into engine.log, the run's own lines on the terminal, and a
+second Ctrl-C as one line naming the last complete checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ppo_trainer.cli import train_main
+from ppo_trainer.tracking import engine_output_to_file
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+ENGINE_CHATTER = """
+import logging, os, subprocess, sys, warnings
+from pathlib import Path
+from ppo_trainer.tracking import console_stream, engine_output_to_file
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+with engine_output_to_file(Path(sys.argv[1])):
+    os.write(2, b"C++ warning on fd 2\\n")  # what torch and oneDNN print, below Python
+    print("a loader's progress bar on stdout")
+    warnings.warn("a Python warning")
+    logging.getLogger("vllm.demo").warning("engine chatter")
+    subprocess.run([sys.executable, "-c", "print('a child process')"])
+    print("step 1/2  score 0.500", file=console_stream())
+    logging.getLogger("ppo_trainer").warning("saved step 1")
+print("after the run")
+"""
+
+
+def test_engine_output_goes_to_engine_log_and_the_runs_lines_to_the_terminal(tmp_path):
+    log_path = tmp_path / "run" / "engine.log"
+    result = subprocess.run([sys.executable, "-c", ENGINE_CHATTER, str(log_path)], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "step 1/2  score 0.500\nafter the run\n"
+    assert result.stderr == "saved step 1\n"
+    text = log_path.read_text()
+    for line in ("C++ warning on fd 2", "a loader's progress bar on stdout", "a Python warning", "engine chatter",
+                 "a child process", "saved step 1"):
+        assert line in text
+    assert "step 1/2" not in text
+
+
+def test_verbose_leaves_the_output_on_the_terminal_and_writes_no_engine_log(tmp_path, capfd):
+    with engine_output_to_file(tmp_path / "engine.log", verbose=True):
+        os.write(2, b"C++ warning\n")
+    assert capfd.readouterr().err == "C++ warning\n"
+    assert not (tmp_path / "engine.log").exists()
+
+
+def test_second_ctrl_c_ends_with_one_line_naming_the_last_complete_checkpoint(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    (out / "checkpoints" / "global_step_4").mkdir(parents=True)
+    (out / "checkpoints" / "global_step_2").mkdir()
+
+    def interrupted(_cfg):
+        raise KeyboardInterrupt  # what the trainer's handler raises on the second SIGINT
+
+    monkeypatch.setattr("ppo_trainer.trainer.run_training", interrupted)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["+experiment=smoke", f"trainer.output_dir={out}"])
+    assert exit_info.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ppo-train: interrupted; the last complete checkpoint is {out}/checkpoints/global_step_4: "
+                   "rerun to continue"]
