@@ -42,7 +42,7 @@ from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import evaluate_records
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
 from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
-from ppo_trainer.tracking import Tracker, mask_secrets, run_summary
+from ppo_trainer.tracking import Tracker, console_stream, mask_secrets, run_summary
 from ppo_trainer.workers.group import WorkerGroup
 
 log = logging.getLogger("ppo_trainer")
@@ -163,7 +163,8 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             tracker.close()
-        print(self.summary(first_step, time.time() - started, objective, objective_step), flush=True)
+        print(self.summary(first_step, time.time() - started, objective, objective_step), file=console_stream(),
+              flush=True)
         return objective
 
     def record_best(self, value: Optional[float]) -> bool:

@@ -97,21 +97,15 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptReco
 
 def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
     """(a description of the source, its rows) for `split` of `cfg.source`."""
-    if cfg.source == "arithmetic":
+    if cfg.source in ("arithmetic", "digits"):
+        generate = arithmetic.generate_problems if cfg.source == "arithmetic" else digits.generate_rows
         try:
-            problems = arithmetic.generate_problems(cfg.arithmetic, split)
+            problems = generate(getattr(cfg, cfg.source), split)
         except ValueError as e:
             raise DataError(str(e)) from None
-        return f"the arithmetic generator ({split})", iter(
-            RawRow(f"arithmetic[{split}] row {i}", row) for i, row in enumerate(problems)
-        )
-    if cfg.source == "digits":
-        try:
-            problems = digits.generate_rows(cfg.digits, split)
-        except ValueError as e:
-            raise DataError(str(e)) from None
-        return f"the digits generator ({cfg.digits.task}, {split})", iter(
-            RawRow(f"digits[{split}] row {i}", row) for i, row in enumerate(problems)
+        what = f"{cfg.digits.task}, {split}" if cfg.source == "digits" else split
+        return f"the {cfg.source} generator ({what})", iter(
+            RawRow(f"{cfg.source}[{split}] row {i}", row) for i, row in enumerate(problems)
         )
     if cfg.source == "files":
         key = f"data.{split}_files"

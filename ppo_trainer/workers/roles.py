@@ -7,6 +7,8 @@ Data layout (what a WorkerGroup sends each replica): `update` takes the full bat
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,6 +17,23 @@ from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import uses_reference
+
+
+_LIBC_NAME = ctypes.util.find_library("c")
+_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
+
+
+def release_freed_host_memory() -> None:
+    """Hand the host memory that freed tensors leave inside glibc's heap back to the system.
+
+    An update allocates and frees thousands of activation and gradient tensors below glibc's mmap
+    threshold; the freed chunks stay in the heap, fragmented, so the resident size of a CPU run
+    climbs step after step although the live tensors do not. `malloc_trim(0)` releases every free
+    page of the heap. A no-op where the C library has no malloc_trim (not glibc).
+    """
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def replica_seed(seed: int, replica: int) -> int:
@@ -96,7 +115,9 @@ class ActorRole(RngState):
         return self.engine.compute_ref_logprobs(batch)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        return self.engine.update(batch)
+        metrics = self.engine.update(batch)
+        release_freed_host_memory()
+        return metrics
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights for the rollout engine (rank 0; {} elsewhere); LoRA merged."""
@@ -138,7 +159,9 @@ class CriticRole(RngState):
         return self.engine.compute_values(batch)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        return self.engine.update(batch)
+        metrics = self.engine.update(batch)
+        release_freed_host_memory()
+        return metrics
 
     def save(self, checkpoint: str) -> None:
         """HF export into <checkpoint>/critic, resume state into <checkpoint>/state/critic."""
@@ -174,6 +197,7 @@ class RolloutRole(RngState):
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.sampler.sync_weights(state_dict)
+        release_freed_host_memory()
 
     def sleep(self) -> None:
         self.sampler.sleep()

@@ -70,3 +70,19 @@ def test_second_ctrl_c_ends_with_one_line_naming_the_last_complete_checkpoint(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ppo-train: interrupted; the last complete checkpoint is {out}/checkpoints/global_step_4: "
                    "rerun to continue"]
+
+
+def test_a_smoke_run_shows_only_its_own_lines_and_ends_with_the_block(tmp_path):
+    code = "import sys; from ppo_trainer.cli import train_main; train_main(sys.argv[1:])"
+    result = subprocess.run([sys.executable, "-c", code, "+experiment=smoke", "trainer.total_steps=1",
+                             f"trainer.output_dir={tmp_path / 'run'}", "trainer.loggers=[console,jsonl]"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert "step 1/1" in result.stdout
+    assert "evaluate best:" in result.stdout  # the end-of-run block reaches the terminal
+    engine_log = (tmp_path / "run" / "engine.log")
+    assert not engine_log.exists() or "evaluate best:" not in engine_log.read_text()
+    own = ("step ", "PPO ", "dtypes:", "model ", "data:", "eval:", "saved ", "run ", "  ")
+    strays = [line for line in (result.stdout + result.stderr).splitlines() if line and not line.startswith(own)]
+    assert strays == [], strays
