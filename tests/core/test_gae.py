@@ -7,8 +7,10 @@ from ppo_trainer.core import compute_gae, masked_mean, masked_var, masked_whiten
 
 
 def reference_gae(rewards, values, mask, gamma, lam):
-    """Textbook GAE, one sequence and one token at a time, in float64, on the valid tokens only."""
+    """Textbook GAE, one sequence and one token at a time, in float64, on the valid tokens only;
+    `lam` is one number or a list with one lambda per sequence."""
     advantages = torch.zeros(rewards.shape, dtype=torch.float64)
+    lams = lam if isinstance(lam, list) else [lam] * rewards.shape[0]
     for b in range(rewards.shape[0]):
         steps = [t for t in range(rewards.shape[1]) if mask[b, t]]
         running = 0.0
@@ -16,7 +18,7 @@ def reference_gae(rewards, values, mask, gamma, lam):
             t = steps[k]
             next_value = float(values[b, steps[k + 1]]) if k + 1 < len(steps) else 0.0
             delta = float(rewards[b, t]) + gamma * next_value - float(values[b, t])
-            running = delta + gamma * lam * running
+            running = delta + gamma * lams[b] * running
             advantages[b, t] = running
     returns = torch.where(mask.bool(), advantages + values.double(), 0)
     return advantages, returns

@@ -5,19 +5,7 @@ import torch
 
 from ppo_trainer.core import adaptive_lambda, compute_gae
 
-
-def reference_gae_per_sequence(rewards, values, mask, gamma, lams):
-    """Textbook GAE in float64, one sequence at a time with its own lambda, valid tokens only."""
-    advantages = torch.zeros(rewards.shape, dtype=torch.float64)
-    for b in range(rewards.shape[0]):
-        steps = [t for t in range(rewards.shape[1]) if mask[b, t]]
-        running = 0.0
-        for k in reversed(range(len(steps))):
-            t = steps[k]
-            next_value = float(values[b, steps[k + 1]]) if k + 1 < len(steps) else 0.0
-            running = float(rewards[b, t]) + gamma * next_value - float(values[b, t]) + gamma * lams[b] * running
-            advantages[b, t] = running
-    return advantages, torch.where(mask.bool(), advantages + values.double(), 0)
+from .test_gae import reference_gae
 
 
 def reference_adaptive_lambda(mask, alpha):
@@ -47,7 +35,7 @@ def test_per_sequence_lambda_matches_a_slow_float64_reference(right_padded, gamm
         rewards, values, mask = ragged(seed, right_padded=right_padded)
         lams = torch.rand(mask.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         advantages, returns = compute_gae(rewards, values, mask, gamma, lams)
-        ref_advantages, ref_returns = reference_gae_per_sequence(rewards, values, mask, gamma, lams.tolist())
+        ref_advantages, ref_returns = reference_gae(rewards, values, mask, gamma, lams.tolist())
         assert (advantages - ref_advantages).abs().max() < 1e-10
         assert (returns - ref_returns).abs().max() < 1e-10
 
@@ -59,7 +47,7 @@ def test_adaptive_lambda_gae_matches_the_reference_on_ragged_masks():
         torch.testing.assert_close(lams.double(), torch.tensor(reference_adaptive_lambda(mask, 0.05),
                                                                dtype=torch.float64), rtol=0, atol=1e-6)
         advantages, _ = compute_gae(rewards, values, mask, 1.0, lams)
-        ref_advantages, _ = reference_gae_per_sequence(rewards, values, mask, 1.0, lams.double().tolist())
+        ref_advantages, _ = reference_gae(rewards, values, mask, 1.0, lams.double().tolist())
         assert (advantages - ref_advantages).abs().max() < 1e-10
 
 
