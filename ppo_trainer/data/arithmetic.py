@@ -128,6 +128,28 @@ def draw_problem(rng: random.Random, max_operand: int, two_step_fraction: float)
     return rng.choice(family)(rng, max_operand)
 
 
+def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]], want_val: bool, seed: int,
+               size: int) -> list[dict[str, str]]:
+    """Up to `size` rows of one split from `draw(rng) -> (question, row, held_out)`: training rows
+    (held_out False) drawn with `seed`, repeats allowed; validation rows (held_out True) drawn with
+    VAL_SEED, each question once. Fewer rows when MAX_MISSES draws in a row find none: the pool is
+    exhausted, and the caller says which keys to change."""
+    rng = random.Random(VAL_SEED if want_val else seed)
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
+    misses = 0  # draws since the last accepted one
+    while len(rows) < size and misses < MAX_MISSES:
+        question, row, held_out = draw(rng)
+        if held_out != want_val or (want_val and question in seen):
+            misses += 1
+            continue
+        misses = 0
+        if want_val:
+            seen.add(question)
+        rows.append(row)
+    return rows
+
+
 def generate_problems(cfg: ArithmeticConfig, split: str) -> list[dict[str, str]]:
     """Rows {"question", "answer"} of one split: "train" (`cfg.train_size` rows, seeded by
     `cfg.seed`, repeats allowed) or "val" (`cfg.val_size` distinct rows, seeded by VAL_SEED).
@@ -137,20 +159,13 @@ def generate_problems(cfg: ArithmeticConfig, split: str) -> list[dict[str, str]]
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     want_val = split == "val"
-    rng = random.Random(VAL_SEED if want_val else cfg.seed)
     size = cfg.val_size if want_val else cfg.train_size
-    rows: list[dict[str, str]] = []
-    seen: set[str] = set()
-    misses = 0  # draws since the last accepted one; a long run means the pool is exhausted
-    while len(rows) < size and misses < MAX_MISSES:
+
+    def draw(rng: random.Random) -> tuple[str, dict[str, str], bool]:
         question, answer = draw_problem(rng, cfg.max_operand, cfg.two_step_fraction)
-        if in_val_pool(question) != want_val or (want_val and question in seen):
-            misses += 1
-            continue
-        misses = 0
-        if want_val:
-            seen.add(question)
-        rows.append({"question": question, "answer": answer})
+        return question, {"question": question, "answer": answer}, in_val_pool(question)
+
+    rows = draw_split(draw, want_val, cfg.seed, size)
     if len(rows) < size:
         raise ValueError(
             f"data.arithmetic: found only {len(rows)} distinct {split} problems of the {size} asked for; "

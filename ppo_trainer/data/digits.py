@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 
 from ppo_trainer.config import DigitsConfig
-from ppo_trainer.data.arithmetic import MAX_MISSES, VAL_SEED, in_val_pool
+from ppo_trainer.data.arithmetic import draw_split, in_val_pool
 
 DIGITS = "0123456789"
 SUM_PAIRS = tuple((a, b) for a in range(10) for b in range(10) if a + b <= 9)
@@ -67,23 +67,16 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
 
 def _reverse_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
     want_val = split == "val"
-    rng = random.Random(VAL_SEED if want_val else cfg.seed)
     size = cfg.val_size if want_val else cfg.train_size
-    rows: list[dict[str, str]] = []
-    seen: set[str] = set()
-    misses = 0  # draws since the last accepted one; a long run means the pool is exhausted
-    while len(rows) < size and misses < MAX_MISSES:
+
+    def draw(rng: random.Random) -> tuple[str, dict[str, str], bool]:
         length = cfg.length if want_val else rng.randint(cfg.min_length, cfg.length)
         digits = "".join(rng.choice(DIGITS) for _ in range(length))
         # only strings of `length` digits are held out; every shorter one is training data
         held_out = length == cfg.length and in_val_pool(digits)
-        if held_out != want_val or (want_val and digits in seen):
-            misses += 1
-            continue
-        misses = 0
-        if want_val:
-            seen.add(digits)
-        rows.append({"question": f"{digits}=", "answer": digits[::-1]})
+        return digits, {"question": f"{digits}=", "answer": digits[::-1]}, held_out
+
+    rows = draw_split(draw, want_val, cfg.seed, size)
     if len(rows) < size:
         raise ValueError(
             f"data.digits: found only {len(rows)} distinct held-out strings of {cfg.length} digits of the "
