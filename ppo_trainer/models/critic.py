@@ -176,31 +176,29 @@ def _is_token_classifier(path: Path) -> bool:
     return any(a.endswith("ForTokenClassification") for a in architectures)
 
 
-def save_hf_weights(
-    folder: Path,
-    config: object,
-    state: dict[str, torch.Tensor],
-    dtype: Optional[torch.dtype] = None,
-    keep_dtype: Optional[dict[str, torch.Tensor]] = None,
-) -> None:
-    """config.json + model.safetensors for `state` (HF key names), optionally cast to `dtype`;
-    the tensors of `keep_dtype` are added as they are (e.g. a float32 head).
+def safetensors_ready(state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
+    """`state` as safetensors takes it (a file or the bytes of a weight push): detached, on CPU,
+    contiguous, floating tensors cast to `dtype`; tensors sharing storage (tied embeddings) cloned."""
+    seen: set[int] = set()
+    out = {}
+    for key, value in state.items():
+        value = value.detach().to("cpu")
+        value = (value.to(dtype) if dtype is not None and value.is_floating_point() else value).contiguous()
+        ptr = value.untyped_storage().data_ptr()
+        out[key] = value.clone() if ptr in seen else value
+        seen.add(ptr)
+    return out
 
-    Tensors that share storage (tied embeddings) are cloned, as safetensors requires.
-    """
+
+def save_hf_weights(folder: Path, config: object, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
+                    keep_dtype: Optional[dict[str, torch.Tensor]] = None) -> None:
+    """config.json + model.safetensors for `state` (HF key names), floats cast to `dtype`; the
+    tensors of `keep_dtype` are added as they are (e.g. a float32 head)."""
     from safetensors.torch import save_file
 
     config = copy.deepcopy(config)
     if dtype is not None:
         config.dtype = dtype
     config.save_pretrained(folder)
-    tensors = {key: value.detach().to(dtype or value.dtype) for key, value in state.items()}
-    tensors.update({key: value.detach() for key, value in (keep_dtype or {}).items()})
-    seen: set[int] = set()
-    out = {}
-    for key, value in tensors.items():
-        value = value.contiguous()
-        ptr = value.untyped_storage().data_ptr()
-        out[key] = value.clone() if ptr in seen else value
-        seen.add(ptr)
-    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})
+    tensors = {**safetensors_ready(state, dtype), **safetensors_ready(keep_dtype or {})}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

@@ -37,7 +37,7 @@ class Sampler(Protocol):
         """True where `sleep` really frees accelerator memory (vLLM on GPU with sleep mode)."""
         ...
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt of a prompt-only batch (see the module docstring).
 

