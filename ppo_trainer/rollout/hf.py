@@ -31,7 +31,7 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 class HFSampler:
     """Batched `model.generate` with left padding, stopping each sequence at EOS or a stop string.
 
-    `model` is a causal LM (or a peft model around one) with its `tokenizer`; `cfg` gives
+    `model` is a causal LM with its `tokenizer`; `cfg` gives
     temperature, top_p, top_k (0 disables), max_new_tokens and stop strings; `batch_size` rows
     (of prompts x n) go into one `generate` call, bounding the KV cache and the scores.
 
@@ -122,36 +122,23 @@ class HFSampler:
 
         device = next(self.model.parameters()).device
         chunk = prompts_to_batch(prompts, self.pad_id)
-        sampling = (
-            dict(do_sample=True, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
-            if not greedy
-            else dict(do_sample=False)
-        )
+        c = self.cfg
+        sampling = (dict(do_sample=False) if greedy
+                    else dict(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
         gen_cfg = GenerationConfig(
-            **sampling,
-            max_new_tokens=max_new_tokens,
+            **sampling, max_new_tokens=max_new_tokens,
             # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
             # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
-            min_new_tokens=max_new_tokens if self.cfg.ignore_eos else 0,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-            stop_strings=list(self.cfg.stop) or None,
-            return_dict_in_generate=True,
-            output_scores=True,
+            min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+            stop_strings=list(c.stop) or None, return_dict_in_generate=True, output_scores=True,
         )
         with self._without_model_generation_config():
-            out = self.model.generate(
-                input_ids=chunk.input_ids.to(device),
-                attention_mask=chunk.attention_mask.to(device),
-                generation_config=gen_cfg,
-                tokenizer=self.tokenizer if self.cfg.stop else None,
-            )
+            out = self.model.generate(input_ids=chunk.input_ids.to(device), attention_mask=chunk.attention_mask.to(device),
+                                      generation_config=gen_cfg, tokenizer=self.tokenizer if c.stop else None)
         generated = out.sequences[:, chunk.input_ids.shape[1] :]
         token_logprobs = torch.stack(  # out.scores: one [rows, V] of processed logits per step
             [torch.log_softmax(s.float(), dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1)
-             for t, s in enumerate(out.scores)],
-            dim=1,
-        )
+             for t, s in enumerate(out.scores)], dim=1)
         return generated.cpu().tolist(), token_logprobs.cpu().tolist()
 
     @contextlib.contextmanager
@@ -163,13 +150,11 @@ class HFSampler:
         neutral defaults fill the gaps."""
         from transformers import GenerationConfig
 
-        hf_model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        own = hf_model.generation_config
-        hf_model.generation_config = GenerationConfig()
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
             yield
         finally:
-            hf_model.generation_config = own
+            self.model.generation_config = own
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
         """(length of the real response, whether it ended on EOS or a stop string)."""
