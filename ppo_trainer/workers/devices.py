@@ -1,16 +1,11 @@
-"""Accelerators, compute dtypes, and the placement of each role's workers on devices and nodes.
+"""Accelerators, compute dtypes, and the placement of each role's workers on devices and nodes:
+pure pieces shared by the dry-run plan and the backends (importing this module needs no torch).
 
-Pure pieces shared by the dry-run plan and the backends; importing this module needs no torch
-and no Ray (functions that need torch import it themselves).
-
-- `DeviceKind` / `detect`: what an accelerator is called by torch, Ray and torch.distributed
-  (CUDA: "GPU", CUDA_VISIBLE_DEVICES, nccl; Ascend NPU: "NPU", ASCEND_RT_VISIBLE_DEVICES, hccl;
-  CPU: a CPU slot, gloo).
+- `DeviceKind` / `detect`: an accelerator's names in torch, Ray and torch.distributed.
 - `auto_dtype` / `compute_dtype`: what a dtype key means on a device (`auto`: bf16 where native).
 - `plan_placement`: the (plan node, local device index) of each rank of each role. Separate pools
-  (`devices.colocate=false`) give each role its own devices; colocated roles share one pool whose
-  device i hosts rank i of every role. Pools are laid first-fit onto nodes of
-  `devices.devices_per_node`: a pool that fits in one node never straddles two.
+  give each role its own devices; colocated roles share one pool whose device i hosts rank i of
+  every role. Pools are laid first-fit onto nodes: one that fits in a node never straddles two.
 - `assign_nodes`: plan nodes onto real Ray nodes with enough free, or PlacementError with numbers.
 """
 
@@ -40,9 +35,8 @@ class PlacementError(RuntimeError):
 
 @dataclass(frozen=True)
 class DeviceKind:
-    """How one accelerator is named by torch, Ray and the launcher. `name` is what placement is
-    planned for, `torch_device_type`/`dist_backend` what the workers compute on: they differ only
-    after `computing_on("cpu")` (fake GPUs in tests)."""
+    """How one accelerator is named by torch, Ray and the launcher; `torch_device_type` and
+    `dist_backend` differ from `name` only after `computing_on("cpu")` (fake GPUs in tests)."""
 
     name: str  # "cuda" | "npu" | "cpu"
     torch_device_type: str  # "cuda" | "npu" | "cpu"
@@ -250,12 +244,9 @@ def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple
 
 
 def plan_placement(cfg: DictConfig) -> Placement:
-    """Devices, nodes and bundles of every role, from the `devices` config alone.
-
-    Local: one device in this process shared by all roles. Ray, separate: the actor's, critic's
-    and rollout's pools in that order, first fit. Ray, colocated: one pool of max(num_devices)
-    devices, rank i of each role on device i, each worker asking for `colocated_share` of it.
-    """
+    """Devices, nodes and bundles of every role, from the `devices` config alone. Local: one
+    shared device. Ray, separate: the actor's, critic's and rollout's pools in that order, first
+    fit. Ray, colocated: one pool of max(num_devices), each worker taking `colocated_share`."""
     dev = cfg.devices
     counts = {role: int(dev[role].num_devices) for role in ROLES}
     per_node = int(dev.devices_per_node)
@@ -292,7 +283,7 @@ def format_resources(resources: Mapping[str, float]) -> str:
 
 
 def bundle_spec(kind: DeviceKind) -> dict[str, float]:
-    """Resources of one placement-group bundle (one device): the device, plus one CPU to drive it."""
+    """One placement-group bundle: one device, plus one CPU to drive it."""
     return {kind.ray_resource: 1.0} if kind.ray_resource == "CPU" else {kind.ray_resource: 1.0, "CPU": 1.0}
 
 
