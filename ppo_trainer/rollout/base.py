@@ -94,15 +94,8 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def assemble_rollout(
-    prompts: Batch,
-    n: int,
-    responses: Sequence[Sequence[int]],
-    logprobs: Sequence[Sequence[float]],
-    truncated: Sequence[bool],
-    texts: Sequence[str],
-    pad_id: int,
-) -> Batch:
+def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]],
+                     truncated: Sequence[bool], texts: Sequence[str], pad_id: int) -> Batch:
     """The rollout Batch from per-sequence results in row order (prompt i, sample j at i*n+j):
     `responses[r]` the real tokens of row r (ending with EOS or the stop token unless truncated),
     `logprobs[r]` their sampling logprobs."""
@@ -123,8 +116,7 @@ def assemble_rollout(
     repeated = prompts.select(torch.arange(len(prompts)).repeat_interleave(n))
     prompt_mask = repeated.attention_mask.long()
     prompt_positions = positions_from_mask(prompt_mask)
-    last = prompt_positions[:, -1:]
-    response_positions = last + torch.arange(1, width + 1).unsqueeze(0)
+    response_positions = prompt_positions[:, -1:] + torch.arange(1, width + 1).unsqueeze(0)
     return repeated.with_fields(
         input_ids=torch.cat([repeated.input_ids, response_ids], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
@@ -137,9 +129,8 @@ def assemble_rollout(
     )
 
 
-def logprob_gap_metrics(
-    sample_logprobs: torch.Tensor, recomputed: torch.Tensor, response_mask: torch.Tensor
-) -> dict[str, float]:
+def logprob_gap_metrics(sample_logprobs: torch.Tensor, recomputed: torch.Tensor,
+                        response_mask: torch.Tensor) -> dict[str, float]:
     """`rollout/logprob_diff_max` and `_mean`: |sampler's - trainer's recomputed logprob| on real
     tokens (all [B, T]; 0.0 when the mask is empty). A large gap means the engine's policy is not
     the trainer's (stale weights, dtype, sampling settings)."""

@@ -24,23 +24,9 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from ppo_trainer.workers.devices import (
-    DISTRIBUTED_ROLES,
-    ROLES,
-    ClusterNode,
-    DeviceKind,
-    Placement,
-    PlacementError,
-    Pool,
-    RolePlacement,
-    assign_nodes,
-    bundle_spec,
-    detect,
-    format_resources,
-    plan_placement,
-    ray_init_kwargs,
-    worker_resources,
-)
+from ppo_trainer.workers.devices import (DISTRIBUTED_ROLES, ROLES, ClusterNode, DeviceKind, Placement, PlacementError,
+                                         Pool, RolePlacement, assign_nodes, bundle_spec, detect, format_resources,
+                                         plan_placement, ray_init_kwargs, worker_resources)
 
 log = logging.getLogger("ppo_trainer")
 

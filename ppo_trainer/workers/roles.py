@@ -31,12 +31,9 @@ _LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
 
 
 def release_freed_host_memory() -> None:
-    """Hand the heap pages that freed tensors leave in glibc back to the system (`malloc_trim(0)`).
-
-    An update frees thousands of activation and gradient tensors below glibc's mmap threshold;
-    the fragmented free chunks stay in the heap, so a CPU run's resident size climbs step after
-    step. A no-op where the C library has no malloc_trim (not glibc).
-    """
+    """Hand the heap pages that freed tensors leave in glibc back to the system (`malloc_trim(0)`):
+    an update frees thousands of activation and gradient tensors below glibc's mmap threshold, and
+    without it a CPU run's resident size climbs step after step. A no-op outside glibc."""
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
