@@ -1,18 +1,16 @@
 """`ppo-eval`: greedy accuracy of models on prompt records, with every response written to jsonl.
 
 `evaluate_records` is the one evaluation function: the trainer's validation (`val/accuracy`) and
-`ppo-eval` both call it, with eval.limit, eval.batch_size and eval.max_new_tokens, so the two
+`ppo-eval` both call it with eval.limit, eval.batch_size and eval.max_new_tokens, so the two
 measure the same thing. A response is correct when the reward function gives it at least
 `reward.correct_score`.
 
-`model.path` of `ppo-eval` may name a model folder (or anything `resolve_model_path` accepts), an
-actor folder of a checkpoint (full, or a LoRA adapter, then applied to its base), a
-`global_step_N` folder (its merged LoRA export, else its actor), a pointer file
-(`checkpoints/latest`, `checkpoints/best`: the step it names) or a run's output folder (its
-latest checkpoint). For a checkpoint of a run, the run's `config.yaml` supplies data, prompt
-format, reward, eval settings and sampler, with the command-line overrides on top. Greedy
-decoding then runs with the run's sampler; otherwise through vLLM when it is installed, else
-through the Hugging Face sampler.
+`model.path` of `ppo-eval` may name a model folder (anything `resolve_model_path` accepts), a
+checkpoint's actor folder (full, or a LoRA adapter, applied to its base), a `global_step_N`
+folder (its merged LoRA export, else its actor), a pointer file (`checkpoints/latest`,
+`checkpoints/best`) or a run's output folder (its latest checkpoint). A checkpoint of a run is
+evaluated with the run's `config.yaml` (data, prompt format, reward, eval, sampler) under the
+command-line overrides; any other model with vLLM when it is installed, else with HF generate.
 """
 
 from __future__ import annotations
@@ -28,21 +26,19 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import ConfigError, EvalConfig, SamplerConfig
+from ppo_trainer.config import ConfigError, EvalConfig
 from ppo_trainer.data.datasets import PromptRecord
 from ppo_trainer.rewards.loader import RewardFn, score_all
 from ppo_trainer.rewards.math import extract_flexible, extract_strict
-from ppo_trainer.rollout.base import Sampler, prompts_to_batch
+from ppo_trainer.rollout.base import prompts_to_batch
 
 logger = logging.getLogger("ppo_trainer")
 
-Extractor = Callable[[str], Optional[str]]
-GenerateFn = Callable[[Batch], Batch]  # greedy responses (n=1) to a prompt-only batch
 Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
 
 
 def evaluate_records(
-    generate: GenerateFn,
+    generate: Callable[[Batch], Batch],
     records: Sequence[PromptRecord],
     reward_fn: RewardFn,
     *,
@@ -51,18 +47,18 @@ def evaluate_records(
     batch_size: int = 64,
     correct_score: float = 1.0,
     on_error: str = "raise",
-    extract: Extractor = extract_strict,
+    extract: Callable[[str], Optional[str]] = extract_strict,
     output_file: Optional[str | Path] = None,
 ) -> dict[str, Any]:
-    """Greedy responses (`generate`) to the first `limit` records (all if None), in batches of
-    `batch_size`, scored with `reward_fn` (`on_error` as reward.on_error); one jsonl row per
-    record if `output_file`.
+    """Greedy responses (`generate`: one per prompt of a prompt-only batch) to the first `limit`
+    records (all if None), in batches of `batch_size`, scored with `reward_fn` (`on_error` as
+    reward.on_error); one jsonl row per record if `output_file`.
 
     Rows: index, question, response, extracted (the answer `extract` reads, or null),
     ground_truth, score, correct, truncated. Returns accuracy (fraction with score >=
     correct_score), num_correct, mean_score, truncated_fraction, num_examples, output_file.
     """
-    records = list(records)[:limit] if limit is not None else list(records)
+    records = list(records)[:limit]
     if not records:
         raise ValueError("evaluate: no records to evaluate")
     rows: list[dict[str, Any]] = []
@@ -116,84 +112,6 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, center - half), min(1.0, center + half)
-
-
-def extractor(mode: str) -> Extractor:
-    """The answer extraction of reward.mode ("strict": '#### N', "flexible": the last number)."""
-    return extract_flexible if mode == "flexible" else extract_strict
-
-
-def build_eval_sampler(
-    model_dir: str | Path,
-    sampler_cfg: SamplerConfig,
-    eval_cfg: EvalConfig,
-    *,
-    max_prompt_length: int,
-    dtype: str = "bfloat16",
-    engine: str = "auto",
-    trust_remote_code: bool = False,
-) -> Sampler:
-    """A sampler for greedy evaluation: vLLM ("auto": when installed) or HF, with eval.max_new_tokens."""
-    from ppo_trainer.rollout.hf import HFSampler
-    from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
-
-    if engine not in ("auto", "hf", "vllm"):
-        raise ValueError(f"engine is {engine!r}; allowed values: auto, hf, vllm")
-    cfg = dataclasses.replace(sampler_cfg, n=1, max_new_tokens=eval_cfg.max_new_tokens)
-    problem = check_vllm_available()
-    if engine == "vllm" and problem:
-        raise ImportError(problem)
-    if engine == "vllm" or (engine == "auto" and problem is None):
-        logger.info("eval: greedy decoding with vLLM")
-        return VllmSampler(model_dir, cfg, dtype=dtype, max_model_len=max_prompt_length + cfg.max_new_tokens,
-                           trust_remote_code=trust_remote_code)
-    logger.info("eval: greedy decoding with Hugging Face generate")
-    # rows per generate call as in training's validation: padding, and so the numerics, match
-    return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
-                                     trust_remote_code=trust_remote_code)
-
-
-def evaluate(
-    model_dir: str | Path,
-    records: Sequence[PromptRecord],
-    sampler_cfg: SamplerConfig,
-    eval_cfg: EvalConfig,
-    reward_fn: RewardFn,
-    *,
-    dtype: str = "bfloat16",
-    correct_score: float = 1.0,
-    on_error: str = "raise",
-    extract: Extractor = extract_strict,
-    engine: str = "auto",
-    output_file: Optional[str | Path] = None,
-    trust_remote_code: bool = False,
-) -> dict[str, Any]:
-    """Greedy accuracy of the model in `model_dir` on the first `eval.limit` records (all if None).
-
-    The sampler uses `sampler_cfg`'s stop strings and engine settings with eval.max_new_tokens;
-    prompts go in batches of eval.batch_size. See `evaluate_records` for the result and jsonl
-    rows; `seconds` is added.
-    """
-    from ppo_trainer.models.loading import load_tokenizer
-
-    records = list(records)[: eval_cfg.limit] if eval_cfg.limit is not None else list(records)
-    if not records:
-        raise ValueError("evaluate: no records to evaluate")
-    pad_id = load_tokenizer(model_dir).pad_token_id
-    sampler = build_eval_sampler(model_dir, sampler_cfg, eval_cfg, dtype=dtype, engine=engine,
-                                 max_prompt_length=max(len(r.prompt_ids) for r in records),
-                                 trust_remote_code=trust_remote_code)
-    start = time.perf_counter()
-    try:
-        result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
-                                  reward_fn, pad_id=pad_id, batch_size=eval_cfg.batch_size,
-                                  correct_score=correct_score, on_error=on_error, extract=extract,
-                                  output_file=output_file)
-    finally:
-        del sampler
-        gc.collect()  # the next model's engine gets the memory
-    result["seconds"] = time.perf_counter() - start
-    return result
 
 
 # ---------------------------------------------------------------------------------- ppo-eval
@@ -312,11 +230,10 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     """`ppo-eval` with command-line overrides: every `model.path` on the same problems.
 
-    Each result gets `model` (the path as given) and `step` (of a checkpoint, else None). The
-    console shows accuracy with its Wilson 95% interval and the number of problems (one table
-    for several models). Responses go to
-    eval.output_file (default `<trainer.output_dir>/eval.jsonl`; with several models, numbered
-    `eval.0.jsonl`, `eval.1.jsonl`, ...).
+    Each result is `evaluate_records`' with `model` (the path as given), `step` (of a checkpoint,
+    else None) and `seconds`. The console shows accuracy with its Wilson 95% interval (one table
+    for several models). Responses go to eval.output_file (default
+    `<trainer.output_dir>/eval.jsonl`; several models: `eval.0.jsonl`, `eval.1.jsonl`, ...).
     """
     from omegaconf import OmegaConf
 
@@ -324,6 +241,8 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     from ppo_trainer.data import load_prompts
     from ppo_trainer.models.loading import load_tokenizer
     from ppo_trainer.rewards.loader import load_reward_fn
+    from ppo_trainer.rollout import build_sampler
+    from ppo_trainer.rollout.vllm import check_vllm_available
 
     paths, rest = model_paths(overrides)
     composed = compose(rest)
@@ -335,19 +254,34 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         if run_dir is not None:
             logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
         eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
+        name = cfg.sampler.name if run_dir is not None else "hf" if check_vllm_available() else "vllm"
+        sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
+                                          max_new_tokens=eval_cfg.max_new_tokens)
+        extract = extract_flexible if cfg.reward.mode == "flexible" else extract_strict
         default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
         for i, target in enumerate(targets):
             output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
-            records = load_prompts(cfg.data, load_tokenizer(target.model_dir), "val")
-            result = evaluate(
-                target.model_dir, records, OmegaConf.to_object(cfg.sampler), eval_cfg, reward_fn,
-                dtype=cfg.model.dtype, correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
-                extract=extractor(cfg.reward.mode), engine=cfg.sampler.name if run_dir is not None else "auto",
-                output_file=output_file, trust_remote_code=cfg.model.trust_remote_code,
-            )
-            results.append({"model": target.path, "step": target.step, **result})
+            tokenizer = load_tokenizer(target.model_dir)
+            records = load_prompts(cfg.data, tokenizer, "val")[: eval_cfg.limit]
+            if not records:
+                raise ValueError("evaluate: no records to evaluate")
+            logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
+            sampler = build_sampler(sampler_cfg, target.model_dir, dtype=cfg.model.dtype,
+                                    max_prompt_length=max(len(r.prompt_ids) for r in records),
+                                    trust_remote_code=cfg.model.trust_remote_code)
+            start = time.perf_counter()
+            try:
+                result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
+                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=eval_cfg.batch_size,
+                                          correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
+                                          extract=extract, output_file=output_file)
+            finally:
+                del sampler
+                gc.collect()  # the next model's engine gets the memory
+            results.append({"model": target.path, "step": target.step, **result,
+                            "seconds": time.perf_counter() - start})
     print(format_results(results, cfg.reward.mode))
     return results
 
