@@ -1,16 +1,13 @@
 """`ppo-eval`: greedy accuracy of models on prompt records, with every response written to jsonl.
 
 `evaluate_records` is the one evaluation function: the trainer's validation (`val/accuracy`) and
-`ppo-eval` both call it with eval.limit, eval.batch_size and eval.max_new_tokens, so the two
-measure the same thing. A response is correct when the reward function gives it at least
-`reward.correct_score`.
+`ppo-eval` both call it with the eval group's settings, so the two measure the same thing. A
+response is correct when the reward function gives it at least `reward.correct_score`.
 
-`model.path` of `ppo-eval` may name a model folder (anything `resolve_model_path` accepts), a
-checkpoint's actor folder (full, or a LoRA adapter, applied to its base), a `global_step_N`
-folder (its merged LoRA export, else its actor), a pointer file (`checkpoints/latest`,
-`checkpoints/best`) or a run's output folder (its latest checkpoint). A checkpoint of a run is
-evaluated with the run's `config.yaml` (data, prompt format, reward, eval, sampler) under the
-command-line overrides; any other model with vLLM when it is installed, else with HF generate.
+A `ppo-eval` model.path may name a checkpoint (an actor folder, `global_step_N`, a pointer file
+or a run's output folder): then the run's `config.yaml` supplies the settings under the
+command-line overrides, and its sampler decodes. Any other model decodes with vLLM when it is
+installed, else with HF generate.
 """
 
 from __future__ import annotations
@@ -37,19 +34,10 @@ logger = logging.getLogger("ppo_trainer")
 Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
 
 
-def evaluate_records(
-    generate: Callable[[Batch], Batch],
-    records: Sequence[PromptRecord],
-    reward_fn: RewardFn,
-    *,
-    pad_id: int,
-    limit: Optional[int] = None,
-    batch_size: int = 64,
-    correct_score: float = 1.0,
-    on_error: str = "raise",
-    extract: Callable[[str], Optional[str]] = extract_strict,
-    output_file: Optional[str | Path] = None,
-) -> dict[str, Any]:
+def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
+                     pad_id: int, limit: Optional[int] = None, batch_size: int = 64, correct_score: float = 1.0,
+                     on_error: str = "raise", extract: Callable[[str], Optional[str]] = extract_strict,
+                     output_file: Optional[str | Path] = None) -> dict[str, Any]:
     """Greedy responses (`generate`: one per prompt of a prompt-only batch) to the first `limit`
     records (all if None), in batches of `batch_size`, scored with `reward_fn` (`on_error` as
     reward.on_error); one jsonl row per record if `output_file`.
@@ -69,34 +57,18 @@ def evaluate_records(
         out = generate(prompts)
         scores, _ = score_all(reward_fn, out.response_text, out.ground_truth, on_error)
         for record, response, score, truncated in zip(chunk, out.response_text, scores, out.truncated.tolist()):
-            rows.append({
-                "index": record.index,
-                "question": record.question,
-                "response": response,
-                "extracted": extract(response),
-                "ground_truth": record.ground_truth,
-                "score": score,
-                "correct": score >= correct_score,
-                "truncated": truncated,
-            })
+            rows.append({"index": record.index, "question": record.question, "response": response,
+                         "extracted": extract(response), "ground_truth": record.ground_truth, "score": score,
+                         "correct": score >= correct_score, "truncated": truncated})
         logger.info("eval: %d/%d prompts, accuracy so far %.3f", len(rows), len(records),
                     sum(r["correct"] for r in rows) / len(rows))
-
     if output_file is not None:
-        path = Path(output_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    correct = sum(r["correct"] for r in rows)
-    return {
-        "accuracy": correct / len(rows),
-        "num_correct": correct,
-        "mean_score": sum(r["score"] for r in rows) / len(rows),
-        "truncated_fraction": sum(r["truncated"] for r in rows) / len(rows),
-        "num_examples": len(rows),
-        "output_file": None if output_file is None else str(output_file),
-    }
+        Path(output_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(output_file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    n, correct = len(rows), sum(r["correct"] for r in rows)
+    return {"accuracy": correct / n, "num_correct": correct, "mean_score": sum(r["score"] for r in rows) / n,
+            "truncated_fraction": sum(r["truncated"] for r in rows) / n, "num_examples": n,
+            "output_file": None if output_file is None else str(output_file)}
 
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
@@ -117,22 +89,12 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
 # ---------------------------------------------------------------------------------- ppo-eval
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalTarget:
-    """One `model.path` of ppo-eval: what to load, and the run it comes from (if any)."""
-
-    path: str  # as given
-    model_dir: Path  # a Hugging Face causal-LM folder
-    run_dir: Optional[Path] = None  # the run's output folder (holds config.yaml)
-    step: Optional[int] = None
-
-
-def resolve_target(path: str, scratch: Path) -> EvalTarget:
-    """Where `path` (see the module docstring) points: the model folder to load and the run.
-
-    A LoRA adapter is merged into its base (the run's model.path, else the adapter's
-    base_model_name_or_path) in a folder under `scratch`.
-    """
+def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Optional[int]]:
+    """(the model folder to load, the run's output folder or None, the checkpoint's step or None)
+    of a ppo-eval model.path: a model folder or name (`resolve_model_path`), a checkpoint's actor
+    folder, a `global_step_N` folder (its merged LoRA export, else its actor), a pointer file
+    (`checkpoints/latest`, `checkpoints/best`) or a run's output folder (its latest checkpoint).
+    A LoRA adapter is merged into its base in a folder under `scratch`."""
     from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
     from ppo_trainer.models.loading import ModelPathError, resolve_model_path
 
@@ -151,8 +113,8 @@ def resolve_target(path: str, scratch: Path) -> EvalTarget:
         step_folder, actor = local.parent, local
     if step_folder is None:
         if (local / "adapter_config.json").is_file():
-            return EvalTarget(path, _merge_adapter(local, None, scratch))
-        return EvalTarget(path, resolve_model_path(path))
+            return _merge_adapter(local, None, scratch), None, None
+        return resolve_model_path(path), None, None
 
     run_dir = step_folder.parent.parent
     run_dir = run_dir if (run_dir / "config.yaml").is_file() else None
@@ -161,14 +123,15 @@ def resolve_target(path: str, scratch: Path) -> EvalTarget:
         merged = step_folder / "actor_merged"
         actor = merged if (merged / "config.json").is_file() else step_folder / "actor"
     if (actor / "adapter_config.json").is_file():
-        return EvalTarget(path, _merge_adapter(actor, run_dir, scratch), run_dir, step)
+        return _merge_adapter(actor, run_dir, scratch), run_dir, step
     if not (actor / "config.json").is_file():
         raise ModelPathError(f"model.path='{path}': {actor} holds neither a model (config.json) nor a LoRA adapter")
-    return EvalTarget(path, actor, run_dir, step)
+    return actor, run_dir, step
 
 
 def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Path:
-    """The LoRA adapter in `adapter` merged into its base model, saved as a model folder."""
+    """The LoRA adapter merged into its base (the run's model.path, else the adapter's
+    base_model_name_or_path), saved as a model folder."""
     import torch
     from omegaconf import OmegaConf
     from peft import PeftModel
@@ -228,12 +191,10 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
 
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
-    """`ppo-eval` with command-line overrides: every `model.path` on the same problems.
-
-    Each result is `evaluate_records`' with `model` (the path as given), `step` (of a checkpoint,
-    else None) and `seconds`. The console shows accuracy with its Wilson 95% interval (one table
-    for several models). Responses go to eval.output_file (default
-    `<trainer.output_dir>/eval.jsonl`; several models: `eval.0.jsonl`, `eval.1.jsonl`, ...).
+    """`ppo-eval`: every `model.path` of `overrides` on the same problems, printed with the Wilson
+    95% interval (a table for several models). Each result is `evaluate_records`' with `model`
+    (the path as given), `step` (of a checkpoint, else None) and `seconds`. Responses go to
+    eval.output_file (default `<trainer.output_dir>/eval.jsonl`; several models: `eval.<i>.jsonl`).
     """
     from omegaconf import OmegaConf
 
@@ -249,7 +210,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     paths = paths or [composed.model.path]  # the model of an experiment, or the default
     with tempfile.TemporaryDirectory(prefix="ppo-eval-") as scratch:
         targets = [resolve_target(p, Path(scratch)) for p in paths]
-        run_dir = next((t.run_dir for t in targets if t.run_dir is not None), None)
+        run_dir = next((run for _, run, _ in targets if run is not None), None)
         cfg = eval_config(composed, rest, run_dir)
         if run_dir is not None:
             logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
@@ -261,14 +222,14 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
-        for i, target in enumerate(targets):
+        for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
             output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
-            tokenizer = load_tokenizer(target.model_dir)
+            tokenizer = load_tokenizer(model_dir)
             records = load_prompts(cfg.data, tokenizer, "val")[: eval_cfg.limit]
             if not records:
                 raise ValueError("evaluate: no records to evaluate")
             logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
-            sampler = build_sampler(sampler_cfg, target.model_dir, dtype=cfg.model.dtype,
+            sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
                                     max_prompt_length=max(len(r.prompt_ids) for r in records),
                                     trust_remote_code=cfg.model.trust_remote_code)
             start = time.perf_counter()
@@ -280,8 +241,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
             finally:
                 del sampler
                 gc.collect()  # the next model's engine gets the memory
-            results.append({"model": target.path, "step": target.step, **result,
-                            "seconds": time.perf_counter() - start})
+            results.append({"model": path, "step": step, **result, "seconds": time.perf_counter() - start})
     print(format_results(results, cfg.reward.mode))
     return results
 

@@ -1,17 +1,10 @@
-"""Load prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator
-(arithmetic word problems, digit tasks for the tiny model).
+"""Prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator.
 
-`load_prompts(cfg, tokenizer, split)` returns `PromptRecord`s: each row's question rendered into
-the model's prompt format and tokenized, with its ground truth. On the way it
-
-- reports malformed rows (invalid JSON, a missing column, a question that is not a string, an
-  answer without a value) by file and line: `data.bad_rows=error` stops with the first one,
-  `data.bad_rows=skip` skips them and logs how many;
-- drops prompts longer than `data.max_prompt_length` tokens and logs how many;
-- raises DataError when nothing is left, naming the source and the filter that emptied it.
-
-Column names come from `data.prompt_key` and `data.answer_key`; the built-in generators always
-write "question" and "answer".
+`load_prompts` renders each row's question into the model's prompt format, tokenizes it and
+keeps its ground truth. Malformed rows (invalid JSON, a missing column, a question that is not a
+string, an answer without a value) are named by file and line: `data.bad_rows=error` stops at
+the first, `skip` logs how many it skipped. Prompts longer than `data.max_prompt_length` tokens
+are dropped and counted; a split left empty is a DataError naming the source and the filter.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from ppo_trainer.data import arithmetic, digits, gsm8k
 logger = logging.getLogger("ppo_trainer")
 
 SPLITS = ("train", "val")
-GENERATED = ("arithmetic", "digits")  # built-in generators: their rows always have "question" and "answer"
+GENERATED = ("arithmetic", "digits")  # built-in generators: their rows have "question" and "answer"
 FILES_HINT = "data.source=files data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
 
 
@@ -42,7 +35,6 @@ class PromptRecord:
     """One prompt of a split.
 
     index: the row's position in its source split (0-based; malformed rows keep their number)
-    question: the question text from the dataset
     prompt: the text the model continues (chat template applied, assistant turn opened)
     prompt_ids: the token ids of `prompt`, length <= data.max_prompt_length
     ground_truth: the final answer as a string, commas stripped (GSM8K: after the last "####")
@@ -65,11 +57,9 @@ class RawRow:
 
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
-    """The prompts of `split` ("train" or "val") as configured by `cfg` (the `data` group).
-
-    Raises DataError (one line) for a missing file, an unreachable dataset, a malformed row under
-    `data.bad_rows=error`, or a split left empty by the filters.
-    """
+    """The prompts of `split` ("train" or "val") as the `data` group configures them; DataError
+    (one line) for a missing file, an unreachable dataset, a malformed row under
+    `data.bad_rows=error`, or a split left empty by the filters."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -97,39 +87,32 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptReco
 
 def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
     """(a description of the source, its rows) for `split` of `cfg.source`."""
-    if cfg.source in ("arithmetic", "digits"):
+    if cfg.source in GENERATED:
         generate = arithmetic.generate_problems if cfg.source == "arithmetic" else digits.generate_rows
         try:
             problems = generate(getattr(cfg, cfg.source), split)
         except ValueError as e:
             raise DataError(str(e)) from None
         what = f"{cfg.digits.task}, {split}" if cfg.source == "digits" else split
-        return f"the {cfg.source} generator ({what})", iter(
-            RawRow(f"{cfg.source}[{split}] row {i}", row) for i, row in enumerate(problems)
-        )
+        return f"the {cfg.source} generator ({what})", (RawRow(f"{cfg.source}[{split}] row {i}", row)
+                                                        for i, row in enumerate(problems))
     if cfg.source == "files":
         key = f"data.{split}_files"
         paths = [Path(p) for p in (cfg.train_files if split == "train" else cfg.val_files)]
         if not paths:
             raise DataError(f"{key} is empty; data.source=files needs jsonl or parquet files: {FILES_HINT}")
         for path in paths:
-            check_file(path, key)
+            if not path.is_file():
+                raise DataError(f"{key}: file not found: {path}")
+            if path.suffix not in (".jsonl", ".parquet"):
+                raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
         return ", ".join(map(str, paths)), (row for path in paths for row in read_file(path))
     hub_split = cfg.train_split if split == "train" else cfg.val_split
     return f"{cfg.source}[{hub_split}]", read_hub(cfg.source, cfg.hub_config, hub_split)
 
 
-def check_file(path: Path, key: str) -> None:
-    """Raise DataError naming `key` unless `path` is an existing .jsonl or .parquet file."""
-    if not path.is_file():
-        raise DataError(f"{key}: file not found: {path}")
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
-
-
 def read_file(path: Path) -> Iterator[RawRow]:
-    """Rows of a .jsonl file (blank lines ignored; a line that is not JSON becomes an error row)
-    or of a .parquet file."""
+    """Rows of a .parquet or .jsonl file (blank lines ignored, a line that is not JSON an error row)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -183,10 +166,8 @@ def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
 def parse_rows(
     rows: Iterator[RawRow], keys: tuple[str, str], bad_rows: str
 ) -> tuple[list[tuple[int, str, str]], list[str]]:
-    """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]).
-
-    bad_rows="error" raises DataError at the first malformed row instead, naming it.
-    """
+    """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]);
+    bad_rows="error" raises DataError at the first malformed row instead."""
     examples: list[tuple[int, str, str]] = []
     skipped: list[str] = []
     for index, row in enumerate(rows):

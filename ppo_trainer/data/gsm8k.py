@@ -1,23 +1,17 @@
-"""GSM8K conventions: the ground truth of an answer string, and the prompt shown to the model.
-
-A GSM8K answer is worked reasoning that ends in "#### N"; the ground truth is N. Prompts are the
-user message `data.prompt_template.format(question=..., instruction=data.instruction)`, wrapped in
-the model's chat template with the assistant turn opened.
+"""GSM8K conventions: the ground truth of an answer (worked reasoning ending in "#### N": N), and
+the prompt shown to the model (`data.prompt_template` in the chat template, assistant turn opened).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-ANSWER_MARKER = "####"
+from ppo_trainer.rewards.math import ANSWER_MARKER
 
 
 def ground_truth(answer: str) -> str:
-    """The text after the last "####" (commas and surrounding space stripped).
-
-    An answer without the marker is taken whole, so files whose answer column is just the number
-    work too. Raises ValueError for an empty result.
-    """
+    """The text after the last "####", commas and surrounding space stripped; an answer without the
+    marker is taken whole (an answer column of bare numbers). ValueError if nothing is left."""
     truth = answer.rpartition(ANSWER_MARKER)[2].replace(",", "").strip()
     if not truth:
         raise ValueError(f"answer has nothing after '{ANSWER_MARKER}'")
@@ -25,10 +19,8 @@ def ground_truth(answer: str) -> str:
 
 
 def user_message(question: str, template: str, instruction: str) -> str:
-    """The user turn: `template` with {question} and {instruction} filled in.
-
-    Raises ValueError naming `data.prompt_template` if it has another placeholder.
-    """
+    """The user turn: `template` with {question} and {instruction} filled in; ValueError naming
+    `data.prompt_template` if it has another placeholder."""
     try:
         return template.format(question=question.strip(), instruction=instruction)
     except (KeyError, IndexError, ValueError) as e:

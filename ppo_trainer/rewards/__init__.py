@@ -1,4 +1,5 @@
-"""Rewards: rule-based math scoring (math) and reward functions chosen by import path (loader)."""
+"""Rewards: rule-based math scoring (math), the digit tasks' reward (digits) and reward functions
+chosen by import path (loader)."""
 
 from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
 

@@ -18,13 +18,10 @@ class RewardError(RuntimeError):
 
 
 def load_reward_fn(cfg: RewardConfig) -> RewardFn:
-    """Import `cfg.fn` ("module:function") and return it as `fn(response, ground_truth) -> float`.
-
-    The built-in `ppo_trainer.rewards.math:score` gets `cfg.mode`, `cfg.format_score` and
-    `cfg.correct_score` bound. A user function is called with (response, ground_truth) only: the
-    response text and the dataset's ground-truth string; those three keys do not reach it.
-    Raises ConfigError (one line naming `reward.fn`) if the module or function does not exist.
-    """
+    """`cfg.fn` ("module:function") imported, as `fn(response, ground_truth) -> float`; ConfigError
+    naming `reward.fn` if the module or function does not exist. The built-in
+    `ppo_trainer.rewards.math:score` gets `cfg.mode`, `cfg.format_score` and `cfg.correct_score`
+    bound; a user function gets (response, ground_truth) only."""
     module_name, sep, fn_name = cfg.fn.partition(":")
     if not sep or not module_name or not fn_name:
         raise ConfigError(f"'reward.fn' is {cfg.fn!r}; expected 'module:function', e.g. ppo_trainer.rewards.math:score")
@@ -44,9 +41,8 @@ def load_reward_fn(cfg: RewardConfig) -> RewardFn:
     return fn
 
 
-def score_all(
-    reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str], on_error: str = "raise"
-) -> tuple[list[float], int]:
+def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str],
+              on_error: str = "raise") -> tuple[list[float], int]:
     """Scores [B] of `responses` against `ground_truths`, and the number of failed calls.
 
     on_error: "raise" re-raises the first failure (an exception or a non-finite/non-number

@@ -1,9 +1,9 @@
 """Rule-based scoring of math answers: strict ("#### N") and flexible (last number in the text).
 
-A number is an optional minus sign, an optional "$", digits (commas only as thousands separators,
-so "1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as "-1250.50". A minus directly after a letter, digit
-or closing bracket is a subtraction ("5-3"), not a sign. Answers compare as decimal numbers, so
-"3.0" equals "3" and "1,000" equals "1000".
+A number is an optional minus sign, an optional "$", digits (commas only as thousands
+separators, so "1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as
+"-1250.50". A minus directly after a letter, digit or closing bracket is a subtraction ("5-3"),
+not a sign. Answers compare as decimal numbers: "3.0" equals "3", "1,000" equals "1000".
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ def _canonical(match: re.Match[str]) -> str:
 
 
 def extract_strict(text: str) -> Optional[str]:
-    """The number right after the last "####" (commas and "$" stripped), or None.
-
-    Only the last marker counts: "#### 5 ... #### none" has no strict answer.
-    """
-    head, marker, tail = text.rpartition(ANSWER_MARKER)
+    """The number right after the last "####" (commas and "$" stripped), or None; only the last
+    marker counts: "#### 5 ... #### none" has no strict answer."""
+    _, marker, tail = text.rpartition(ANSWER_MARKER)
     if not marker:
         return None
     match = _STRICT_RE.match(tail)
@@ -61,19 +59,11 @@ def answers_equal(answer: str, ground_truth: str) -> bool:
     return a == b
 
 
-def score(
-    response: str,
-    ground_truth: str,
-    *,
-    mode: str = "strict",
-    format_score: float = 0.0,
-    correct_score: float = 1.0,
-) -> float:
-    """Reward of one response: `correct_score` if its answer equals `ground_truth`,
-    `format_score` if an answer is found but differs, 0.0 if none is found.
-
-    mode: "strict" reads the number after the last "####"; "flexible" the last number in the text.
-    """
+def score(response: str, ground_truth: str, *, mode: str = "strict", format_score: float = 0.0,
+          correct_score: float = 1.0) -> float:
+    """Reward of one response: `correct_score` if its answer (mode "strict": the number after the
+    last "####"; "flexible": the last number in the text) equals `ground_truth`, `format_score` if
+    it differs, 0.0 if there is none."""
     if mode == "strict":
         answer = extract_strict(response)
     elif mode == "flexible":
