@@ -1,7 +1,8 @@
 """Prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator.
 
-`load_prompts` renders each row's question into the model's prompt format, tokenizes it and
-keeps its ground truth. Malformed rows (invalid JSON, a missing column, a question that is not a
+`load_prompts` renders each row's question into the model's prompt format (`data.prompt_template`
+in the chat template, assistant turn opened), tokenizes it and keeps its ground truth (GSM8K's
+"#### N": N). Malformed rows (invalid JSON, a missing column, a question that is not a
 string, an answer without a value) are named by file and line: `data.bad_rows=error` stops at
 the first, `skip` logs how many it skipped. Prompts longer than `data.max_prompt_length` tokens
 are dropped and counted; a split left empty is a DataError naming the source and the filter.
@@ -14,10 +15,11 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from ppo_trainer.config import DataConfig
-from ppo_trainer.data import arithmetic, digits, gsm8k
+from ppo_trainer.data import arithmetic, digits
+from ppo_trainer.rewards.math import ANSWER_MARKER
 
 logger = logging.getLogger("ppo_trainer")
 
@@ -76,11 +78,9 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptReco
         logger.info("data: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
                     too_long, len(examples), split, cfg.max_prompt_length)
     if not records:
-        raise DataError(
-            f"{source}: no {split} prompts left ({len(examples) + len(skipped)} rows read, "
-            f"{len(skipped)} malformed and skipped, {too_long} longer than "
-            f"data.max_prompt_length={cfg.max_prompt_length} tokens); check the data or raise data.max_prompt_length"
-        )
+        raise DataError(f"{source}: no {split} prompts left ({len(examples) + len(skipped)} rows read, {len(skipped)} "
+                        f"malformed and skipped, {too_long} longer than data.max_prompt_length={cfg.max_prompt_length} "
+                        "tokens); check the data or raise data.max_prompt_length")
     logger.info("data: %d %s prompts from %s", len(records), split, source)
     return records
 
@@ -158,14 +158,13 @@ def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise ValueError(f"'{answer_key}' must be a string or a number, got {type(answer).__name__}")
     try:
-        return question, gsm8k.ground_truth(str(answer))
+        return question, ground_truth(str(answer))
     except ValueError as e:
         raise ValueError(f"'{answer_key}': {e}") from None
 
 
-def parse_rows(
-    rows: Iterator[RawRow], keys: tuple[str, str], bad_rows: str
-) -> tuple[list[tuple[int, str, str]], list[str]]:
+def parse_rows(rows: Iterator[RawRow], keys: tuple[str, str],
+               bad_rows: str) -> tuple[list[tuple[int, str, str]], list[str]]:
     """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]);
     bad_rows="error" raises DataError at the first malformed row instead."""
     examples: list[tuple[int, str, str]] = []
@@ -184,20 +183,46 @@ def parse_rows(
     return examples, skipped
 
 
-def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig, tokenizer: Any) -> tuple[list[PromptRecord], int]:
+def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig,
+                  tokenizer: Any) -> tuple[list[PromptRecord], int]:
     """(records that fit in `cfg.max_prompt_length` tokens, number of prompts dropped as too long)."""
     try:
-        prompts = [
-            gsm8k.format_prompt(gsm8k.user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
-                                cfg.use_chat_template, cfg.system_prompt)
-            for _, question, _ in examples
-        ]
+        prompts = [format_prompt(user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
+                                 cfg.use_chat_template, cfg.system_prompt) for _, question, _ in examples]
     except ValueError as e:
         raise DataError(str(e)) from None
     ids = tokenizer(prompts, add_special_tokens=not cfg.use_chat_template)["input_ids"] if prompts else []
-    records = [
-        PromptRecord(index, question, prompt, tuple(prompt_ids), truth)
-        for (index, question, truth), prompt, prompt_ids in zip(examples, prompts, ids)
-        if len(prompt_ids) <= cfg.max_prompt_length
-    ]
+    records = [PromptRecord(index, question, prompt, tuple(prompt_ids), truth)
+               for (index, question, truth), prompt, prompt_ids in zip(examples, prompts, ids)
+               if len(prompt_ids) <= cfg.max_prompt_length]
     return records, len(examples) - len(records)
+
+
+def ground_truth(answer: str) -> str:
+    """The text after the last "####", commas and surrounding space stripped; an answer without the
+    marker is taken whole (an answer column of bare numbers). ValueError if nothing is left."""
+    truth = answer.rpartition(ANSWER_MARKER)[2].replace(",", "").strip()
+    if not truth:
+        raise ValueError(f"answer has nothing after '{ANSWER_MARKER}'")
+    return truth
+
+
+def user_message(question: str, template: str, instruction: str) -> str:
+    """The user turn: `template` with {question} and {instruction} filled in; ValueError naming
+    `data.prompt_template` if it has another placeholder."""
+    try:
+        return template.format(question=question.strip(), instruction=instruction)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"data.prompt_template={template!r} cannot be filled ({type(e).__name__}: {e}); it may use "
+                         "only {question} and {instruction} (write literal braces as {{ }})") from None
+
+
+def format_prompt(message: str, tokenizer: Any, use_chat_template: bool, system_prompt: Optional[str] = None) -> str:
+    """The prompt text the model continues: the chat template with the generation prompt added
+    (after a system turn of `system_prompt` unless it is None: then the template's default), or
+    the bare message when `use_chat_template` is False."""
+    if not use_chat_template:
+        return message
+    system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    return tokenizer.apply_chat_template([*system, {"role": "user", "content": message}], tokenize=False,
+                                         add_generation_prompt=True)
