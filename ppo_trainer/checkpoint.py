@@ -9,9 +9,8 @@
     checkpoints/latest                       names the last complete step, written last
     checkpoints/best                         names the best step by trainer.objective; rotation keeps it
 
-A checkpoint is written into a hidden staging folder, fsynced, renamed into place, and only then
-does `latest` move (itself replaced atomically): a crash at any moment leaves the previous
-checkpoint or the new one, never a half-written one that resume could pick.
+A step is written into a hidden staging folder, fsynced and renamed into place before `latest`
+moves (replaced atomically): a crash leaves the previous checkpoint or the new one, never half.
 """
 
 from __future__ import annotations

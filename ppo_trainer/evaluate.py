@@ -1,13 +1,6 @@
-"""`ppo-eval`: greedy accuracy of models on prompt records, with every response written to jsonl.
-
-`evaluate_records` is the one evaluation function: the trainer's validation (`val/accuracy`) and
-`ppo-eval` both call it with the eval group's settings, so the two measure the same thing. A
-response is correct when the reward function gives it at least `reward.correct_score`.
-
-A `ppo-eval` model.path may name a checkpoint (an actor folder, `global_step_N`, a pointer file
-or a run's output folder): then the run's `config.yaml` supplies the settings under the
-command-line overrides, and its sampler decodes. Any other model decodes with vLLM when it is
-installed, else with HF generate.
+"""`ppo-eval`, and `evaluate_records`: the one evaluation function, which the trainer's validation
+(`val/accuracy`) calls too, with the same eval group settings, so the two measure the same thing.
+A response is correct when the reward function gives it at least `reward.correct_score`.
 """
 
 from __future__ import annotations
@@ -22,11 +15,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from omegaconf import OmegaConf
+
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import ConfigError, EvalConfig
-from ppo_trainer.data.datasets import PromptRecord
-from ppo_trainer.rewards.loader import RewardFn, score_all
-from ppo_trainer.rewards.math import extract_flexible, extract_strict
+from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
+from ppo_trainer.config import ConfigError, EvalConfig, compose, validate_static
+from ppo_trainer.data import PromptRecord, load_prompts
+from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
+from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
+from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
+from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
 from ppo_trainer.rollout.base import prompts_to_batch
 
 logger = logging.getLogger("ppo_trainer")
@@ -40,12 +38,10 @@ def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[Promp
                      output_file: Optional[str | Path] = None) -> dict[str, Any]:
     """Greedy responses (`generate`: one per prompt of a prompt-only batch) to the first `limit`
     records (all if None), in batches of `batch_size`, scored with `reward_fn` (`on_error` as
-    reward.on_error); one jsonl row per record if `output_file`.
-
-    Rows: index, question, response, extracted (the answer `extract` reads, or null),
-    ground_truth, score, correct, truncated. Returns accuracy (fraction with score >=
-    correct_score), num_correct, mean_score, truncated_fraction, num_examples, output_file.
-    """
+    reward.on_error). Rows, written to `output_file` as jsonl if given: index, question, response,
+    extracted (the answer `extract` reads, or null), ground_truth, score, correct, truncated.
+    Returns accuracy (fraction with score >= correct_score), num_correct, mean_score,
+    truncated_fraction, num_examples, output_file."""
     records = list(records)[:limit]
     if not records:
         raise ValueError("evaluate: no records to evaluate")
@@ -72,11 +68,9 @@ def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[Promp
 
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for the default z).
-
-    Unlike p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse to a point at 0
-    or n successes, which matters for the small accuracies and problem counts of evaluations.
-    """
+    """The Wilson score interval of a binomial proportion (95% for the default z): unlike
+    p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse to a point at 0 or n
+    successes, which matters for the small accuracies and problem counts of evaluations."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
     p = successes / n
@@ -95,9 +89,6 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
     folder, a `global_step_N` folder (its merged LoRA export, else its actor), a pointer file
     (`checkpoints/latest`, `checkpoints/best`) or a run's output folder (its latest checkpoint).
     A LoRA adapter is merged into its base in a folder under `scratch`."""
-    from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-    from ppo_trainer.models.loading import ModelPathError, resolve_model_path
-
     local = Path(path).expanduser()
     step_folder: Optional[Path] = None
     actor: Optional[Path] = None
@@ -133,11 +124,8 @@ def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Pat
     """The LoRA adapter merged into its base (the run's model.path, else the adapter's
     base_model_name_or_path), saved as a model folder."""
     import torch
-    from omegaconf import OmegaConf
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ppo_trainer.models.loading import resolve_model_path
 
     if run_dir is not None:
         base = OmegaConf.load(run_dir / "config.yaml").model.path
@@ -174,9 +162,6 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
     a run) with each key or group that `overrides` name taken from `composed` (the defaults
     composed with the overrides); without a run, `composed` itself."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from ppo_trainer.config import validate_static
 
     if run_dir is None:
         return composed
@@ -192,19 +177,11 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     """`ppo-eval`: every `model.path` of `overrides` on the same problems, printed with the Wilson
-    95% interval (a table for several models). Each result is `evaluate_records`' with `model`
-    (the path as given), `step` (of a checkpoint, else None) and `seconds`. Responses go to
-    eval.output_file (default `<trainer.output_dir>/eval.jsonl`; several models: `eval.<i>.jsonl`).
-    """
-    from omegaconf import OmegaConf
-
-    from ppo_trainer.config import compose
-    from ppo_trainer.data import load_prompts
-    from ppo_trainer.models.loading import load_tokenizer
-    from ppo_trainer.rewards.loader import load_reward_fn
-    from ppo_trainer.rollout import build_sampler
-    from ppo_trainer.rollout.vllm import check_vllm_available
-
+    95% interval (a table for several models). A checkpoint of a run is evaluated with the run's
+    config.yaml under the overrides, decoded by its sampler; any other model by vLLM if installed,
+    else HF. Each result is `evaluate_records`' with `model` (as given), `step` (of a checkpoint,
+    else None) and `seconds`. Responses go to eval.output_file (default
+    `<trainer.output_dir>/eval.jsonl`; several models: `eval.<i>.jsonl`)."""
     paths, rest = model_paths(overrides)
     composed = compose(rest)
     paths = paths or [composed.model.path]  # the model of an experiment, or the default
@@ -215,10 +192,9 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         if run_dir is not None:
             logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
         eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
-        name = cfg.sampler.name if run_dir is not None else "hf" if check_vllm_available() else "vllm"
+        name = cfg.sampler.name if run_dir is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
                                           max_new_tokens=eval_cfg.max_new_tokens)
-        extract = extract_flexible if cfg.reward.mode == "flexible" else extract_strict
         default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
@@ -237,7 +213,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                 result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
                                           reward_fn, pad_id=tokenizer.pad_token_id, batch_size=eval_cfg.batch_size,
                                           correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
-                                          extract=extract, output_file=output_file)
+                                          extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
             finally:
                 del sampler
                 gc.collect()  # the next model's engine gets the memory

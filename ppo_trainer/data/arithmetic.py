@@ -1,13 +1,10 @@
-"""A seeded generator of easy GSM8K-format word problems, for offline demos a 135M model can learn.
+"""A seeded generator of easy GSM8K-format word problems ("#### N"), for offline demos a 135M model
+can learn: one or two operations (+, -, x, /) on whole numbers from 1 to `max_operand`, with
+non-negative integer answers and varied names, objects and templates.
 
-One or two operations (+, -, x, /) on whole numbers from 1 to `max_operand`; every answer is a
-non-negative integer and the answer string ends in "#### N", like GSM8K. Wording varies through
-names, objects and sentence templates.
-
-Train and validation never share a question: a question belongs to the validation pool exactly
-when a hash of its text falls in one bucket out of `VAL_BUCKETS`, and each split keeps only its
-own pool's questions. The validation set is drawn with the fixed seed `VAL_SEED` (not the
-training seed) and holds `val_size` distinct questions, so its accuracy compares across runs.
+Train and validation never share a question: it belongs to the validation pool exactly when a hash
+of its text falls in one bucket out of `VAL_BUCKETS`. The validation set is drawn with the fixed
+`VAL_SEED` (not the training seed): `val_size` distinct questions, comparable across runs.
 """
 
 from __future__ import annotations

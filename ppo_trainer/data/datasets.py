@@ -1,11 +1,10 @@
 """Prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator.
 
-`load_prompts` renders each row's question into the model's prompt format (`data.prompt_template`
-in the chat template, assistant turn opened), tokenizes it and keeps its ground truth (GSM8K's
-"#### N": N). Malformed rows (invalid JSON, a missing column, a question that is not a
-string, an answer without a value) are named by file and line: `data.bad_rows=error` stops at
-the first, `skip` logs how many it skipped. Prompts longer than `data.max_prompt_length` tokens
-are dropped and counted; a split left empty is a DataError naming the source and the filter.
+`load_prompts` renders each question into the prompt format (`data.prompt_template` in the chat
+template, assistant turn opened), tokenizes it and keeps its ground truth (GSM8K's "#### N": N).
+Malformed rows (invalid JSON, a missing column, a question that is not a string, an answer
+without a value) are named by file and line: `data.bad_rows=error` stops at the first, `skip`
+counts them. Prompts over `data.max_prompt_length` tokens are dropped and counted.
 """
 
 from __future__ import annotations
@@ -34,13 +33,9 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt of a split.
-
-    index: the row's position in its source split (0-based; malformed rows keep their number)
-    prompt: the text the model continues (chat template applied, assistant turn opened)
-    prompt_ids: the token ids of `prompt`, length <= data.max_prompt_length
-    ground_truth: the final answer as a string, commas stripped (GSM8K: after the last "####")
-    """
+    """One prompt of a split. index: the row's position in its source split (0-based; malformed
+    rows keep their number); prompt: the text the model continues, prompt_ids its token ids
+    (length <= data.max_prompt_length); ground_truth: the final answer, commas stripped."""
 
     index: int
     question: str

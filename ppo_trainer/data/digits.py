@@ -1,20 +1,16 @@
-"""Digit tasks for the tiny model (`data.source=digits`): small proofs that PPO learns
-(docs/learning.md); their reward is `ppo_trainer.rewards.digits:score`.
+"""Digit tasks for the tiny model (`data.source=digits`, reward `ppo_trainer.rewards.digits:score`):
+small proofs that PPO learns (docs/learning.md). A question is the whole prompt ("3+4=", "123=");
+with `data.prompt_template='{question}'` and no chat template, one token per character.
 
-A question is the whole prompt ("3+4=", "123="): with `data.prompt_template='{question}'` and no
-chat template the tiny model's character tokenizer sees one token per character.
-
-- `sum`: "a+b=" -> a + b, for the 55 pairs with a + b <= 9; validation is the whole table.
-  Training draws the sum uniformly, then a pair with that sum. With pairs drawn uniformly the
-  answer 9 is ten times as frequent as 0, and a policy whose output does not yet depend on the
-  prompt (the tiny random model's, for its first ~20 steps) is pushed away from the rare
-  answers, which are then hardly ever sampled again.
-- `reverse`: "123=" -> "321". A random policy gets three digits right with probability ~1e-6, so
-  training strings have `min_length`..`length` digits (the length drawn uniformly): one digit is
-  an echo a random policy hits with probability ~0.01, and the k-th answer digit is always the
-  one 2k-1 positions before it, so what the short strings teach carries over to the long ones.
-  Validation holds `val_size` distinct strings of `length` digits that training never shows (the
-  arithmetic generator's hash split): it measures the learned procedure, not memorised strings.
+- `sum`: "a+b=" -> a + b for the 55 pairs with a + b <= 9; validation is the whole table. Training
+  draws the sum uniformly, then the pair: with uniform pairs the answer 9 is ten times as frequent
+  as 0, and a policy that ignores the prompt (the random model's first ~20 steps) is pushed away
+  from the rare answers, which are then hardly ever sampled again.
+- `reverse`: "123=" -> "321". Training strings have `min_length`..`length` digits (length drawn
+  uniformly): a random policy echoes one digit with probability ~0.01 (three: ~1e-6), and the k-th
+  answer digit is always 2k-1 positions back, so the short strings teach the long ones. Validation
+  holds `val_size` distinct strings of `length` digits that training never shows (the arithmetic
+  generator's hash split): it measures the learned procedure, not memorised strings.
 """
 
 from __future__ import annotations

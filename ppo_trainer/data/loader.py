@@ -10,13 +10,10 @@ from ppo_trainer.data.datasets import PromptRecord
 
 
 class PromptLoader:
-    """Yields one list of `batch_size` prompt records per PPO step, forever.
-
-    Each epoch visits every record once, in an order drawn from (seed, epoch) when `shuffle` is
-    on, else in dataset order. A batch that reaches the end of an epoch is completed from the next
-    one, so every batch is full. `state_dict()` holds (epoch, position) and nothing else: a loader
-    restored from it yields exactly the batches the original would have yielded next.
-    """
+    """Yields one list of `batch_size` prompt records per PPO step, forever. Each epoch visits
+    every record once, in an order drawn from (seed, epoch) when `shuffle` is on, else in dataset
+    order; a batch that reaches the end of an epoch is completed from the next one. A loader
+    restored from `state_dict()` (epoch, position) yields exactly the batches the original would."""
 
     def __init__(self, records: Sequence[PromptRecord], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if not records:

@@ -1,8 +1,6 @@
-"""The reward of the digit tasks (`reward.fn=ppo_trainer.rewards.digits:score`, on the last token).
-
-Only the start of the response counts: a random policy ends its response (EOS) with probability
-~0.01 per token, so an exact match would hide nearly every right answer to a short string.
-"""
+"""The digit tasks' reward. Only the start of the response counts: a random policy ends its
+response (EOS) with probability ~0.01 per token, so an exact match would hide nearly every right
+answer to a short string."""
 
 
 def score(response: str, ground_truth: str) -> float:
