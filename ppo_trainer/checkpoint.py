@@ -157,9 +157,8 @@ def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
             if not (folder / role).is_dir():
                 raise ValueError(f"no {role} state folder")
     except (OSError, ValueError, RuntimeError, AttributeError, pickle.UnpicklingError, EOFError) as e:
-        raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; "
-                              "resume from another checkpoint with trainer.resume=PATH, "
-                              "or start over with trainer.resume=never") from None
+        raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; resume from another "
+                              "checkpoint with trainer.resume=PATH, or start over with trainer.resume=never") from None
     return state, rng
 
 

@@ -29,9 +29,6 @@ from ppo_trainer.rollout.base import prompts_to_batch
 
 logger = logging.getLogger("ppo_trainer")
 
-Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
-
-
 def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
                      pad_id: int, limit: Optional[int] = None, batch_size: int = 64, correct_score: float = 1.0,
                      on_error: str = "raise", extract: Callable[[str], Optional[str]] = extract_strict,
@@ -67,10 +64,10 @@ def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[Promp
             "output_file": None if output_file is None else str(output_file)}
 
 
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for the default z): unlike
-    p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse to a point at 0 or n
-    successes, which matters for the small accuracies and problem counts of evaluations."""
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% for the default z, the normal
+    quantile of 0.975): unlike p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse
+    to a point at 0 or n successes, which matters for small accuracies and problem counts."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
     p = successes / n
@@ -137,8 +134,8 @@ def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Pat
                                       str(adapter)).merge_and_unload()
     out = Path(tempfile.mkdtemp(prefix="merged-", dir=scratch))
     model.save_pretrained(out)
-    has_tokenizer = (adapter / "tokenizer_config.json").is_file()
-    AutoTokenizer.from_pretrained(adapter if has_tokenizer else base_dir).save_pretrained(out)
+    tokenizer_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base_dir
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out
 
 
@@ -147,14 +144,10 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     paths: list[str] = []
-    rest: list[str] = []
-    for override in overrides:
-        if override.partition("=")[0] != "model.path":
-            rest.append(override)
-            continue
+    for override in (o for o in overrides if o.partition("=")[0] == "model.path"):
         value = OverridesParser.create().parse_overrides([override])[0].value()
         paths = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-    return paths, rest
+    return paths, [o for o in overrides if o.partition("=")[0] != "model.path"]
 
 
 def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
