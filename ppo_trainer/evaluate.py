@@ -29,6 +29,7 @@ from ppo_trainer.rollout.base import prompts_to_batch
 
 logger = logging.getLogger("ppo_trainer")
 
+
 def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
                      pad_id: int, limit: Optional[int] = None, batch_size: int = 64, correct_score: float = 1.0,
                      on_error: str = "raise", extract: Callable[[str], Optional[str]] = extract_strict,
