@@ -10,7 +10,8 @@
     checkpoints/best                         names the best step by trainer.objective; rotation keeps it
 
 A step is written into a hidden staging folder, fsynced and renamed into place before `latest`
-moves (replaced atomically): a crash leaves the previous checkpoint or the new one, never half.
+moves (replaced atomically): a crash leaves the previous checkpoint or the new one, never a
+half-written one that resume could pick.
 """
 
 from __future__ import annotations
