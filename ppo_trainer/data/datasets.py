@@ -33,15 +33,13 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt of a split. index: the row's position in its source split (0-based; malformed
-    rows keep their number); prompt: the text the model continues, prompt_ids its token ids
-    (length <= data.max_prompt_length); ground_truth: the final answer, commas stripped."""
+    """One prompt of a split."""
 
-    index: int
+    index: int  # the row's position in its source split (0-based; malformed rows keep their number)
     question: str
-    prompt: str
-    prompt_ids: tuple[int, ...]
-    ground_truth: str
+    prompt: str  # the text the model continues (chat template applied, assistant turn opened)
+    prompt_ids: tuple[int, ...]  # the token ids of `prompt`, length <= data.max_prompt_length
+    ground_truth: str  # the final answer, commas stripped
 
 
 @dataclass(frozen=True)
