@@ -1,10 +1,33 @@
 """Rollout engines: a prompt Batch in, n sampled responses per prompt out (see `base`).
 
-vLLM and transformers' model code load only when a sampler is built (`workers.roles.build_rollout`).
+vLLM and transformers' model code load only when a sampler is built.
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ppo_trainer.config import SamplerConfig
 from ppo_trainer.rollout.base import Sampler, logprob_gap_metrics, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
 
-__all__ = ["HFSampler", "Sampler", "VllmSampler", "check_vllm_available", "logprob_gap_metrics", "prompts_to_batch"]
+__all__ = ["HFSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available", "logprob_gap_metrics",
+           "prompts_to_batch"]
+
+
+def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bfloat16", seed: int = 0,
+                  max_prompt_length: Optional[int] = None, colocate: bool = False, device: str = "cpu",
+                  trust_remote_code: bool = False) -> Sampler:
+    """The `cfg.name` sampler on its own copy of the weights in `model_dir`, computing in `dtype`.
+    vllm: sleep mode when `colocate`; `max_prompt_length + cfg.max_new_tokens` bounds its context
+    unless `cfg.vllm.max_model_len` is set."""
+    if cfg.name == "hf":
+        return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
+                                         device=device, trust_remote_code=trust_remote_code)
+    if cfg.name == "vllm":
+        max_len = None if max_prompt_length is None else max_prompt_length + cfg.max_new_tokens
+        return VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, max_model_len=max_len, enable_sleep=colocate,
+                           trust_remote_code=trust_remote_code)
+    raise ValueError(f"sampler.name is {cfg.name!r}; allowed values: hf, vllm")

@@ -86,21 +86,15 @@ def build_critic(cfg: DictConfig, device: str) -> "CriticEngine":
 
 def build_rollout(cfg: DictConfig, device: str) -> "Sampler":
     """The `sampler.name` engine with its own copy of the policy weights (vLLM: sleep mode when colocated)."""
-    s, model_dir = cfg.sampler, resolve_model_path(cfg.model.path)
-    if s.name == "hf":
-        from ppo_trainer.rollout.hf import HFSampler
+    from ppo_trainer.rollout import build_sampler
 
-        return HFSampler.from_pretrained(model_dir, s, batch_size=s.generate_batch_size, dtype=cfg.model.dtype,
-                                         device=device, trust_remote_code=cfg.model.trust_remote_code)
-    if s.name == "vllm":
-        from ppo_trainer.rollout.vllm import VllmSampler
-
+    s = cfg.sampler
+    return build_sampler(
+        s, resolve_model_path(cfg.model.path), dtype=cfg.model.dtype, seed=cfg.trainer.seed,
         # room for validation's responses too (eval.max_new_tokens may exceed the sampler's)
-        prompt = cfg.data.max_prompt_length + max(0, cfg.eval.max_new_tokens - s.max_new_tokens)
-        return VllmSampler(model_dir, s, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                           max_model_len=prompt + s.max_new_tokens, enable_sleep=cfg.devices.colocate,
-                           trust_remote_code=cfg.model.trust_remote_code)
-    raise ValueError(f"sampler.name is {s.name!r}; allowed values: hf, vllm")
+        max_prompt_length=cfg.data.max_prompt_length + max(0, cfg.eval.max_new_tokens - s.max_new_tokens),
+        colocate=cfg.devices.colocate, device=device, trust_remote_code=cfg.model.trust_remote_code,
+    )
 
 
 BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout}
