@@ -27,17 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from ppo_trainer import checkpoint
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import ConfigError, kl_in_reward, uses_reference
-from ppo_trainer.core import (
-    AdaptiveKL,
-    FixedKL,
-    adaptive_lambda,
-    compute_gae,
-    explained_variance,
-    masked_mean,
-    masked_whiten,
-    rollout_weights,
-    token_rewards,
-)
+from ppo_trainer.core import advantages
+from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
+from ppo_trainer.core.masked import masked_mean
+from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import evaluate_records
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
@@ -265,55 +258,16 @@ class Trainer:
         return metrics
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """Token rewards (score minus the KL penalty, when the KL is in the reward), GAE, optional
-        whitening; the KL controller steps on this batch's mean per-sequence KL."""
-        g, mask = self.cfg.gae, batch.response_mask
+        """The batch with advantages and returns (`core.advantages.compute`), and their metrics;
+        the KL controller steps on this batch's mean per-sequence KL."""
         kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
-        rewards, kl = token_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, kl_coef, g.kl_penalty)
-        advantages, returns, lam_metrics = self.gae(rewards, batch, step)
-        if g.normalize_advantages:
-            advantages = masked_whiten(advantages, mask)
-        sequence_kl = (kl * mask).sum(dim=1).mean().item()
-        self.kl_ctrl.update(sequence_kl, len(batch))
-        lengths = mask.sum(dim=1).float()
-        metrics = {
-            "critic/score/mean": batch.scores.mean().item(),
-            "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),
-            "critic/advantages/mean": masked_mean(advantages, mask).item(),
-            "critic/returns/mean": masked_mean(returns, mask).item(),
-            "critic/values/mean": masked_mean(batch.values, mask).item(),
-            "critic/vf_explained_var": explained_variance(batch.values, returns, mask).item(),
-            "actor/reward_kl_penalty": masked_mean(kl, mask).item(),
-            "actor/kl_coef": kl_coef,
-            "response_length/mean": lengths.mean().item(),
-            "response_length/clip_ratio": batch.truncated.float().mean().item(),
-        }
-        metrics.update(lam_metrics)
-        return batch.with_fields(token_rewards=rewards, advantages=advantages, returns=returns), metrics
-
-    def gae(self, rewards: torch.Tensor, batch: Batch, step: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """GAE with one lambda per learner (VC-PPO): the policy's advantages [B, T] with gae.lam, or
-        per sequence with gae.lam_mode=adaptive (VAPO); the critic's returns [B, T] with
-        gae.critic_lam (default gae.lam).
-
-        During the algorithm.critic_warmup steps the critic learns lambda-1 (Monte Carlo) returns,
-        which do not lean on its own untrained values, of the initial policy's rollouts (the actor
-        is not updated yet). critic/warmup_vf_explained_var_before (step 1) and _after (the first
-        step after the warm-up: fresh rollouts, still of the initial policy) measure the critic
-        against those returns."""
-        g, mask, warmup = self.cfg.gae, batch.response_mask, self.cfg.algorithm.critic_warmup
-        lam = adaptive_lambda(mask, g.adaptive_alpha) if g.lam_mode == "adaptive" else g.lam
-        critic_lam = 1.0 if step <= warmup else (g.lam if g.critic_lam is None else g.critic_lam)
-        advantages, returns = compute_gae(rewards, batch.values, mask, g.gamma, lam)
-        if g.lam_mode == "adaptive" or critic_lam != lam:
-            returns = compute_gae(rewards, batch.values, mask, g.gamma, critic_lam)[1]
-        metrics = {}
-        if warmup and step in (1, warmup + 1):
-            monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, batch.values, mask, g.gamma, 1.0)[1]
-            phase = "before" if step == 1 else "after"
-            explained = explained_variance(batch.values, monte_carlo, mask).item()
-            metrics[f"critic/warmup_vf_explained_var_{phase}"] = explained
-        return advantages, returns, metrics
+        out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
+                                 batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
+                                 critic_warmup=self.cfg.algorithm.critic_warmup)
+        self.kl_ctrl.update(out.sequence_kl, len(batch))
+        metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
+                   "response_length/clip_ratio": batch.truncated.float().mean().item()}
+        return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
     def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The batch with rollout_weights (algorithm.rollout_correction; None for none), computed

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ppo_trainer.core import losses
-from ppo_trainer.core.masked import masked_whiten
-
-__all__ = ["adaptive_lambda", "compute_gae", "masked_whiten", "token_rewards"]
+from ppo_trainer.core.losses import kl_penalty as kl_estimate
 
 
 @torch.no_grad()
@@ -37,7 +34,7 @@ def token_rewards(
 
     ``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
     token (the EOS, or the last token of a truncated response). ``kl_t`` is
-    ``kl_penalty(old_logprobs, ref_logprobs, kind)`` from ``losses``; ``ref_logprobs=None``
+    ``losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty)``; ``ref_logprobs=None``
     (reference model skipped because the KL is off) means no penalty. A row without valid
     tokens gets no reward at all.
 
@@ -48,7 +45,7 @@ def token_rewards(
     if ref_logprobs is None:
         kl = torch.zeros_like(old_logprobs)
     else:
-        kl = torch.where(valid, losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty), 0)
+        kl = torch.where(valid, kl_estimate(old_logprobs, ref_logprobs, kl_penalty), 0)
     rewards = -kl_coef * kl
 
     positions = torch.arange(valid.shape[-1], device=valid.device)

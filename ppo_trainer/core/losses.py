@@ -1,6 +1,7 @@
-"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, entropy, aggregation.
+"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, aggregation, and the
+actor's and critic's micro-batch losses built from them.
 
-Symbols and shapes (B sequences in the micro-batch, T response tokens, V vocabulary):
+Symbols and shapes (B sequences in the micro-batch, T response tokens):
 
 ==============  =========  ================================================================
 logprobs        [B, T]     log pi(a_t | s_t) under the policy being optimised
@@ -11,7 +12,6 @@ values          [B, T]     V(s_t) from the critic being optimised
 old_values      [B, T]     V(s_t) at rollout time
 returns         [B, T]     GAE returns, the value target
 response_mask   [B, T]     1 on real response tokens, 0 on padding (``mask`` in aggregate)
-logits          [..., V]
 ==============  =========  ================================================================
 
 Masked positions are replaced by 0 before any arithmetic, so padding garbage (even inf or NaN)
@@ -20,14 +20,13 @@ reaches neither the loss nor a gradient.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from ppo_trainer.core.choices import AGG_MODES, KL_KINDS
 from ppo_trainer.core.metrics import approx_kl, clip_fraction
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_KINDS = ("k1", "abs", "k2", "k3")
 K3_BOUND = 10.0
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far past any clip, far below float32 overflow (~exp(88))
 
@@ -213,16 +212,60 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) along the last dimension: logsumexp(z) - sum(p * z).
 
-    Stable for large logits, which stay finite throughout; ``logits`` must be finite
-    (mask out vocabulary entries with a large negative number, not -inf, where 0 * -inf is NaN).
+def actor_loss(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    rollout_weights: torch.Tensor | None,
+    algorithm: Any,
+    global_tokens: Count,
+    global_seqs: Count,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's share of the actor's mini-batch loss: the clipped policy loss (weighted by
+    ``rollout_weights``), minus entropy_coef x entropy when ``entropy`` [B, T] is given, plus
+    kl_loss_coef x KL to the reference with use_kl_loss; all aggregated with the mini-batch's
+    global counts, so the shares sum to the mini-batch loss.
 
-    ============  =========
-    logits        [..., V]
-    return        [...]
-    ============  =========
+    ``algorithm``: the ``algorithm`` config section (clip_ratio_low/high, dual_clip,
+    loss_agg_mode, entropy_coef, use_kl_loss, kl_loss_type, kl_loss_coef). Returns the loss and
+    detached shares of pg_loss, pg_clipfrac, ppo_kl, update_entropy and kl_loss (the last two
+    only when their term is on), each summing over micro-batches to the mini-batch value.
     """
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    a, mask = algorithm, response_mask
+    norm = {"global_tokens": global_tokens, "global_seqs": global_seqs}
+    pg = policy_loss(logprobs, old_logprobs, advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.dual_clip,
+                     a.loss_agg_mode, **norm, token_weights=rollout_weights)
+    share = mask.sum() / global_tokens  # this micro-batch's part of the mini-batch's tokens
+    loss = pg.loss
+    stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
+    if entropy is not None:
+        loss = loss - a.entropy_coef * aggregate(entropy, mask, a.loss_agg_mode, **norm)
+        # the entropy of the policy being updated; actor/entropy (the trainer's old-logprob pass)
+        # stays the entropy of the policy that sampled
+        stats["update_entropy"] = aggregate(entropy.detach(), mask, "token-mean", global_tokens=global_tokens)
+    if a.use_kl_loss:
+        kl = aggregate(kl_penalty(logprobs, ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
+        loss = loss + a.kl_loss_coef * kl
+        stats["kl_loss"] = kl.detach()
+    return loss, stats
+
+
+def critic_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip: float | None,
+    agg: str,
+    global_tokens: Count,
+    global_seqs: Count,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's share of the critic's mini-batch value loss (``value_loss`` with the
+    global counts) and detached shares of vf_loss and vf_clipfrac."""
+    out = value_loss(values, old_values, returns, response_mask, clip, agg, global_tokens, global_seqs)
+    share = response_mask.sum() / global_tokens
+    return out.loss, {"vf_loss": out.loss.detach(), "vf_clipfrac": out.clipfrac * share}

@@ -46,11 +46,8 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return centered.square().sum() / count.clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """Normalise ``x`` to unit variance over valid elements; masked positions come out 0.
-
-    With ``shift_mean`` the result also has mean 0; without it the original mean is kept
-    (only the scale changes).
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` shifted to mean 0 and scaled to unit variance over valid elements; 0 where masked.
 
     ============  =====================
     x, mask       [B, T] (any shape)
@@ -58,8 +55,5 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     ============  =====================
     """
     valid = mask.bool()
-    mean = masked_mean(x, valid)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, valid) + WHITEN_EPS)
-    if not shift_mean:
-        whitened = whitened + mean
+    whitened = (x - masked_mean(x, valid)) * torch.rsqrt(masked_var(x, valid) + WHITEN_EPS)
     return torch.where(valid, whitened, 0)

@@ -63,23 +63,3 @@ def approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Te
     """
     return masked_mean(old_logprobs - logprobs, mask)
 
-
-@torch.no_grad()
-def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Mean, max and min of ``x`` over valid elements, as ``{"mean", "max", "min"}``; all 0 if none is valid.
-
-    ============  =====================
-    x, mask       [B, T] (any shape)
-    return        dict of [] tensors
-    ============  =====================
-    """
-    valid = mask.bool()
-    has_valid = valid.any()
-    zero = x.new_zeros(())
-    top = torch.where(valid, x, float("-inf")).max()
-    bottom = torch.where(valid, x, float("inf")).min()
-    return {
-        "mean": masked_mean(x, valid),
-        "max": torch.where(has_valid, top, zero),
-        "min": torch.where(has_valid, bottom, zero),
-    }

@@ -35,10 +35,9 @@ from typing import Optional
 
 import torch
 
+from ppo_trainer.core.choices import ROLLOUT_CORRECTIONS
 from ppo_trainer.core.losses import kl_penalty
 from ppo_trainer.core.masked import masked_mean
-
-MODES = ("none", "tis", "mis")
 
 
 @torch.no_grad()
@@ -69,8 +68,8 @@ def rollout_weights(
     Log-ratios are compared in log space, so a huge ratio never overflows to inf.
     Shapes: see the module table.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown rollout correction {mode!r}; expected one of {', '.join(MODES)}")
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"unknown rollout correction {mode!r}; expected one of {', '.join(ROLLOUT_CORRECTIONS)}")
     valid = response_mask.bool()
     log_ratio = torch.where(valid, old_logprobs.float() - sample_logprobs.float(), 0)
     metrics = {"kl_k3": masked_mean(kl_penalty(sample_logprobs.float(), old_logprobs.float(), "k3"), valid)}

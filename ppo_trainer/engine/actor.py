@@ -11,7 +11,7 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, ModelConfig
-from ppo_trainer.core.losses import aggregate, kl_penalty, policy_loss
+from ppo_trainer.core.losses import actor_loss
 from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
@@ -149,34 +149,13 @@ class ActorEngine:
     # ----------------------------------------------------------------------------- training
 
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch loss (aggregated with the mini-batch's global
-        counts): clipped policy loss, minus entropy_coef x entropy, plus kl_loss_coef x KL to the
-        reference; and its shares of the logged statistics."""
-        a = self.algorithm
-        with_entropy = a.entropy_coef > 0
+        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
         logp, ent = self.engine.module(
             micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask, self.temperature,
-            with_entropy, **self.truncation,
+            self.algorithm.entropy_coef > 0, **self.truncation,
         )
-        mask = micro.response_mask
-        norm = {"global_tokens": counts.tokens, "global_seqs": counts.seqs}
-        pg = policy_loss(
-            logp, micro.old_logprobs, micro.advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.dual_clip,
-            a.loss_agg_mode, **norm, token_weights=micro.rollout_weights,
-        )
-        share = mask.sum() / counts.tokens  # this micro-batch's part of the mini-batch's tokens
-        loss = pg.loss
-        stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
-        if ent is not None:
-            loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_agg_mode, **norm)
-            # the entropy of the policy being updated; actor/entropy (the trainer's old-logprob
-            # pass) stays the entropy of the policy that sampled
-            stats["update_entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
-        if a.use_kl_loss:
-            kl = aggregate(kl_penalty(logp, micro.ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
-            loss = loss + a.kl_loss_coef * kl
-            stats["kl_loss"] = kl.detach()
-        return loss, stats
+        return actor_loss(logp, ent, micro.old_logprobs, micro.advantages, micro.response_mask, micro.ref_logprobs,
+                          micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO policy update on the full batch (identical on every rank).

@@ -9,7 +9,7 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, CriticConfig
-from ppo_trainer.core.losses import value_loss
+from ppo_trainer.core.losses import critic_loss
 from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
@@ -92,14 +92,9 @@ class CriticEngine:
         return self.engine.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, lambda m: (self._values(m),))[0]
 
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch's clipped value loss, and of vf_clipfrac."""
-        values = self._values(micro)
-        out = value_loss(
-            values, micro.values, micro.returns, micro.response_mask, self.cfg.value_clip,
-            self.algorithm.loss_agg_mode, counts.tokens, counts.seqs,
-        )
-        share = micro.response_mask.sum() / counts.tokens
-        return out.loss, {"vf_loss": out.loss.detach(), "vf_clipfrac": out.clipfrac * share}
+        """This micro-batch's share of the mini-batch value loss and statistics (`core.losses.critic_loss`)."""
+        return critic_loss(self._values(micro), micro.values, micro.returns, micro.response_mask, self.cfg.value_clip,
+                           self.algorithm.loss_agg_mode, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Clipped value-loss update on the full batch (identical on every rank).

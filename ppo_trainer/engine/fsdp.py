@@ -12,7 +12,7 @@ parameters, gradients and optimizer state.
 the optimizer, plus a JSON of the scheduler and update counter).
 
 Data layout across ranks: for `train`, every rank receives the same full batch and takes its
-share of each mini-batch (`deal_rows`), so N ranks do exactly what one rank does with the whole
+share of each mini-batch (`Batch.deal`), so N ranks do exactly what one rank does with the whole
 mini-batch. For inference (`forward_rows`), each rank receives its own rows.
 """
 
@@ -42,7 +42,6 @@ from ppo_trainer.engine.microbatch import (
     LossFn,
     MicroBatch,
     accumulate_gradients,
-    deal_rows,
     global_counts,
     plan_micro_batches,
 )
@@ -209,7 +208,12 @@ class FSDPEngine:
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
         """Accumulate the gradient of one mini-batch (the same on every rank) into `.grad`;
         returns the mini-batch statistics (summed over micro-batches and ranks)."""
-        local = mini_batch.select(deal_rows(mini_batch, self.world_size)[self.rank])
+        if len(mini_batch) < self.world_size:
+            raise ValueError(
+                f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} data-parallel ranks; "
+                "every rank needs at least one (raise algorithm.ppo_mini_batch_size or use fewer devices)"
+            )
+        local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy) for m in plan_micro_batches(local, budget)]
         return accumulate_gradients(self.module, micro, loss_fn, counts)

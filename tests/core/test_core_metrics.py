@@ -1,9 +1,10 @@
-"""explained_variance, approx_kl, clip_fraction and masked_stats over valid tokens."""
+"""explained_variance, approx_kl and clip_fraction over valid tokens."""
 
 import pytest
 import torch
 
-from ppo_trainer.core import approx_kl, clip_fraction, compute_gae, explained_variance, masked_stats
+from ppo_trainer.core.gae import compute_gae
+from ppo_trainer.core.metrics import approx_kl, clip_fraction, explained_variance
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 RETURNS = torch.tensor([[1.0, 2.0, 4.0, 99.0], [-1.0, 3.0, -50.0, 7.0]])
@@ -55,14 +56,3 @@ def test_approx_kl_is_mean_of_old_minus_new_logprobs_on_valid_tokens():
 def test_clip_fraction_counts_valid_tokens_only():
     clipped = torch.tensor([[True, False, True, True], [False, False, True, True]])
     assert clip_fraction(clipped, MASK).item() == pytest.approx(2 / 5)
-
-
-def test_masked_stats_over_valid_tokens():
-    stats = masked_stats(RETURNS, MASK)
-    assert stats["mean"].item() == pytest.approx(1.8)
-    assert stats["max"].item() == 4.0 and stats["min"].item() == -1.0
-
-
-def test_masked_stats_of_nothing_are_zero():
-    stats = masked_stats(RETURNS, torch.zeros_like(MASK))
-    assert [stats[key].item() for key in ("mean", "max", "min")] == [0.0, 0.0, 0.0]
