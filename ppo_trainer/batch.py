@@ -83,6 +83,12 @@ class Batch:
         """[B] real (unpadded) tokens per row: prompt plus response."""
         return self.attention_mask.sum(dim=1)
 
+    def require(self, *names: str, user: str) -> None:
+        """Raise naming the first of the fields `names` that is not computed yet; `user` needs it."""
+        for name in names:
+            if getattr(self, name) is None:
+                raise ValueError(f"batch.{name} is None; {user} needs it (compute it first)")
+
     def _row_fields(self) -> list[str]:
         return [f.name for f in fields(self) if f.name != "meta" and getattr(self, f.name) is not None]
 

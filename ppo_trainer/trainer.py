@@ -30,11 +30,12 @@ from ppo_trainer.config import ConfigError, kl_in_reward, uses_reference
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
+from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import evaluate_records
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
-from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.rollout.base import prompts_to_batch
 from ppo_trainer.tracking import Tracker, console_stream, mask_secrets, run_summary
 from ppo_trainer.workers.group import WorkerGroup
 

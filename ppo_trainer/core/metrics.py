@@ -63,3 +63,14 @@ def approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Te
     """
     return masked_mean(old_logprobs - logprobs, mask)
 
+
+@torch.no_grad()
+def logprob_gap_metrics(sample_logprobs: torch.Tensor, recomputed: torch.Tensor,
+                        response_mask: torch.Tensor) -> dict[str, float]:
+    """rollout/logprob_diff_max and _mean: absolute differences [B, T] between the sampler's
+    logprobs and the trainer's recomputed ones on real tokens (0.0 when there are none). A large
+    gap means the sampler's policy is not the trainer's (stale weights, dtype, sampling settings)."""
+    diff = (sample_logprobs.float() - recomputed.float()).abs()[response_mask.bool()]
+    if diff.numel() == 0:
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
+    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}

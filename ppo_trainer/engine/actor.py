@@ -1,4 +1,4 @@
-"""`ActorEngine`: the policy (and the reference policy) on FSDP2, as the actor role uses it."""
+"""`ActorEngine`: the policy (and the reference policy) on FSDP2."""
 
 from __future__ import annotations
 
@@ -18,43 +18,23 @@ from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
 from ppo_trainer.models.critic import save_hf_weights
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "added_tokens.json",
-)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
 
-def _require(batch: Batch, *names: str) -> None:
-    for name in names:
-        if getattr(batch, name) is None:
-            raise ValueError(f"batch.{name} is None; the actor update needs it (compute it before calling update)")
-
-
-class ActorEngine:
+class ActorEngine(FSDPEngine):
     """The trainable policy, sharded with FSDP2, plus the reference policy when asked for.
 
     Args:
-        cfg: `model` config (path is resolved by the caller into `model_dir`).
-        model_dir: a Hugging Face causal-LM folder.
-        algorithm: PPO settings (clip ratios, loss aggregation, entropy and KL-loss terms,
-            epochs, micro-batch token budget, shuffling).
+        cfg, model_dir: the `model` config and its resolved Hugging Face causal-LM folder.
+        algorithm: the `algorithm` config (loss terms, epochs, micro-batch token budget, shuffling).
         mini_batch_size: sequences per optimizer step (`algorithm.ppo_mini_batch_size x sampler.n`).
-        temperature: the sampling temperature; logprobs are those of softmax(logits / temperature).
-        top_k, top_p: the sampler's truncation, applied to the policy's logprobs (old and
-            updated) as the sampler applies it; not to the reference, whose full support keeps
-            the KL to it finite.
-        use_reference: build the reference policy (needed for a KL in the reward or a KL
-            loss: `ppo_trainer.config.uses_reference`). With LoRA it is the same module with the adapter disabled;
-            otherwise a frozen copy of the initial weights, sharded like the actor.
-        device: "cpu", "cuda", "cuda:N" or "npu".
-        total_steps: optimizer steps over the whole run (for the cosine schedule).
-        seed: seeds the mini-batch shuffling.
+        temperature, top_k, top_p: the sampler's; logprobs are those of softmax(logits /
+            temperature) under the sampler's truncation, except the reference's, whose full
+            support keeps the KL to it finite.
+        use_reference: build the reference policy (`config.uses_reference`): with LoRA the same
+            module with the adapter disabled, otherwise a frozen copy of the initial weights.
+        device, total_steps: as for `FSDPEngine`; seed: seeds the mini-batch shuffling.
 
     Every method is a collective call: all ranks call it. `update` takes the full batch on every
     rank; the `compute_*` methods take each rank's own rows.
@@ -82,19 +62,13 @@ class ActorEngine:
         self.temperature = temperature
         self.truncation = {"top_k": top_k, "top_p": top_p}
         self.seed = seed
-        lm = load_causal_lm(
-            str(model_dir),
-            attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            lora=cfg.lora,
-        )
+        lm = load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
+                            trust_remote_code=cfg.trust_remote_code,
+                            gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
         self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
         self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
-        self.engine = FSDPEngine(
-            self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim, total_steps
-        )
-        self.dtype = self.engine.dtype  # the resolved compute dtype (cfg.dtype may be "auto")
+        super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
+                         total_steps)
         self.reference: Optional[FSDPEngine] = None
         self.use_reference = use_reference
         if use_reference and not self.policy.is_lora:
@@ -105,18 +79,10 @@ class ActorEngine:
             )
             self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
 
-    @property
-    def rank(self) -> int:
-        return self.engine.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.engine.world_size
-
     # ----------------------------------------------------------------------------- scoring
 
     def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
-        _require(batch, "response_mask")
+        batch.require("response_mask", user="scoring")
         truncation = self.truncation if truncate else {}
 
         def fn(micro: Batch) -> tuple[torch.Tensor, ...]:
@@ -130,11 +96,11 @@ class ActorEngine:
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, T] float32 logprobs of the response tokens under the current policy (0 on padding)."""
-        return self._score(self.engine, batch, with_entropy=False)[0]
+        return self._score(self, batch, with_entropy=False)[0]
 
     def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding)."""
-        logp, ent = self._score(self.engine, batch, with_entropy=True)
+        logp, ent = self._score(self, batch, with_entropy=True)
         return logp, ent
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -144,13 +110,13 @@ class ActorEngine:
         if self.reference is not None:
             return self._score(self.reference, batch, with_entropy=False, truncate=False)[0]
         with self.policy.adapter_disabled():
-            return self._score(self.engine, batch, with_entropy=False, truncate=False)[0]
+            return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
     # ----------------------------------------------------------------------------- training
 
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
-        logp, ent = self.engine.module(
+        logp, ent = self.module(
             micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask, self.temperature,
             self.algorithm.entropy_coef > 0, **self.truncation,
         )
@@ -158,28 +124,24 @@ class ActorEngine:
                           micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO policy update on the full batch (identical on every rank).
+        """PPO policy update on the full batch (identical on every rank; `FSDPEngine.train`).
 
-        `algorithm.ppo_epochs` passes, mini-batches of `mini_batch_size` sequences, one optimizer
-        step each. Needs old_logprobs, advantages (and ref_logprobs with use_kl_loss). Returns the
-        means over mini-batches of actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl, actor/grad_norm,
-        actor/lr, plus actor/update_entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
+        Needs old_logprobs, advantages (ref_logprobs with use_kl_loss, rollout_weights with a
+        rollout correction). Returns the means over mini-batches of actor/pg_loss, pg_clipfrac,
+        ppo_kl, grad_norm, lr, update_entropy (entropy_coef > 0), kl_loss (use_kl_loss), and the
+        count actor/skipped_steps.
         """
-        _require(batch, "response_mask", "old_logprobs", "advantages")
-        if self.algorithm.use_kl_loss:
-            _require(batch, "ref_logprobs")
-        if self.algorithm.rollout_correction != "none":
-            _require(batch, "rollout_weights")
         a = self.algorithm
-        stats = self.engine.train(batch, self.micro_batch_loss, self.mini_batch_size, a.ppo_epochs,
-                                  a.ppo_micro_batch_tokens, a.shuffle_mini_batches, self.seed)
+        batch.require("response_mask", "old_logprobs", "advantages", *(["ref_logprobs"] if a.use_kl_loss else []),
+                      *(["rollout_weights"] if a.rollout_correction != "none" else []), user="the actor update")
+        stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, a, self.seed)
         return {f"actor/{k}": v for k, v in stats.items()}
 
     # ----------------------------------------------------------------------------- export
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         """Full float32 state on rank 0 with the wrapper prefix removed ({} elsewhere)."""
-        return {k[len("lm.") :]: v for k, v in self.engine.full_state_dict().items()}
+        return {k[len("lm.") :]: v for k, v in super().full_state_dict().items()}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full float32 weights of the current policy, with Hugging Face names, on rank 0 ({}
@@ -230,11 +192,3 @@ class ActorEngine:
         for name in TOKENIZER_FILES:
             if (self.model_dir / name).is_file():
                 shutil.copyfile(self.model_dir / name, folder / name)
-
-    def save_state(self, folder: str | Path) -> None:
-        """Exact-resume state (trainable fp32 weights, AdamW, schedule) into `folder` (DCP)."""
-        self.engine.save_state(folder)
-
-    def load_state(self, folder: str | Path) -> None:
-        """Restore `save_state`'s folder into this (freshly built) engine."""
-        self.engine.load_state(folder)

@@ -2,18 +2,12 @@
 
 `shard_model` applies `fully_shard` to every decoder layer and then to the root module over the
 1-D data-parallel mesh, with mixed precision (parameters gathered in the compute dtype, gradients
-reduced in float32, float32 master weights and optimizer state) and optional CPU offload of
-parameters, gradients and optimizer state.
+reduced in float32, float32 master weights and optimizer state) and optional CPU offload.
 
-`FSDPEngine` owns one sharded module and, when trainable, its AdamW and LR schedule:
-`train` runs epochs x mini-batches (one optimizer step each) through the micro-batch loop of
-`engine.microbatch`; `full_state_dict` gathers the full weights on rank 0; `save_state` /
-`load_state` write and read the exact-resume state (DCP shards of the fp32 trainable weights and
-the optimizer, plus a JSON of the scheduler and update counter).
-
-Data layout across ranks: for `train`, every rank receives the same full batch and takes its
-share of each mini-batch (`Batch.deal`), so N ranks do exactly what one rank does with the whole
-mini-batch. For inference (`forward_rows`), each rank receives its own rows.
+`FSDPEngine` owns one sharded module and, when trainable, its AdamW and LR schedule; `ActorEngine`
+and `CriticEngine` extend it. Data layout across ranks: `train` takes the same full batch on every
+rank, and each rank takes its share of each mini-batch (`Batch.deal`), so N ranks do exactly what
+one rank does with the whole mini-batch; `forward_rows` takes each rank's own rows.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -132,14 +126,7 @@ class FSDPEngine:
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None
         self.updates = 0  # calls of `train`, part of the resume state (it seeds the shuffling)
-
-    @property
-    def rank(self) -> int:
-        return rank()
-
-    @property
-    def world_size(self) -> int:
-        return world_size()
+        self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
     # ----------------------------------------------------------------------------- inference
 
@@ -170,36 +157,28 @@ class FSDPEngine:
 
     # ----------------------------------------------------------------------------- training
 
-    def train(
-        self,
-        batch: Batch,
-        loss_fn: LossFn,
-        mini_batch_size: int,
-        epochs: int,
-        budget: int,
-        shuffle: bool,
-        seed: int,
-    ) -> dict[str, float]:
-        """PPO update: `epochs` passes over `batch` (the full batch, identical on every rank) in
-        mini-batches of `mini_batch_size` sequences, one optimizer step each.
+    def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
+        """PPO update: algorithm.ppo_epochs passes over `batch` (the full batch, identical on every
+        rank) in mini-batches of `mini_batch_size` sequences, one optimizer step each, micro-batched
+        by algorithm.ppo_micro_batch_tokens.
 
-        Shuffling uses a generator seeded by (seed, number of previous `train` calls, epoch), so it
-        is the same on every rank and after a resume. Returns the mean over mini-batches of the
-        statistics `loss_fn` reports, plus `grad_norm` and `lr` (the rate used by the step).
+        With algorithm.shuffle_mini_batches the order comes from a generator seeded by (seed,
+        number of previous `train` calls, epoch): the same on every rank and after a resume.
+        Returns `summarize_steps` of the statistics `loss_fn` reports plus grad_norm and lr.
         """
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()
         history: list[dict[str, float]] = []
-        for epoch in range(epochs):
-            if shuffle:  # (a tuple of ints hashes the same in every process: no hash randomisation)
+        for epoch in range(algorithm.ppo_epochs):
+            if algorithm.shuffle_mini_batches:  # a tuple of ints hashes the same in every process
                 generator = torch.Generator().manual_seed(hash((seed, self.updates, epoch)) & 0x7FFF_FFFF_FFFF_FFFF)
                 order = torch.randperm(len(batch), generator=generator)
             else:
                 order = torch.arange(len(batch))
             for start in range(0, len(batch), mini_batch_size):
                 mini = batch.select(order[start : start + mini_batch_size])
-                stats = self.backward_mini_batch(mini, loss_fn, budget)
+                stats = self.backward_mini_batch(mini, loss_fn, algorithm.ppo_micro_batch_tokens)
                 stats.update(self.optimizer_step())
                 history.append(stats)
         self.updates += 1
@@ -243,21 +222,24 @@ class FSDPEngine:
         on rank 0; `{}` on the other ranks. A collective call: every rank calls it."""
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def _resume_state(self, with_optim: bool) -> dict[str, Any]:
+        """The trainable float32 weights (and AdamW's state) as DCP state dicts; frozen weights are
+        left out: they reload from the model folder."""
+        options = StateDictOptions(ignore_frozen_params=True)
+        if not with_optim:
+            return {"model": get_model_state_dict(self.module, options=options)}
+        model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
+        return {"model": model_state, "optim": optim_state}
+
     def save_state(self, folder: str | Path) -> None:
-        """Exact-resume state into `folder` (one folder per engine): DCP shards of the trainable
-        float32 weights and of the optimizer state, and engine_state.json (LR schedule, update
-        counter). Frozen weights are not saved: they reload from the model folder."""
+        """Exact-resume state into `folder` (one folder per engine): DCP shards of `_resume_state`
+        and engine_state.json (LR schedule, update counter)."""
         if self.optimizer is None:
             raise RuntimeError("a frozen engine has no training state to save")
         folder = Path(folder)
-        options = StateDictOptions(ignore_frozen_params=True)
+        # before the first step AdamW has no state: asking DCP for it would initialise (advance) it
         has_optim_state = bool(self.optimizer.state)
-        if has_optim_state:
-            model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
-            state = {"model": model_state, "optim": optim_state}
-        else:  # before the first step: do not let DCP initialise (and thereby advance) AdamW
-            state = {"model": get_model_state_dict(self.module, options=options)}
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), overwrite=True))
+        dcp.save(self._resume_state(has_optim_state), storage_writer=dcp.FileSystemWriter(str(folder), overwrite=True))
         if self.rank == 0:
             info = {"scheduler": self.scheduler.state_dict(), "updates": self.updates,
                     "has_optim_state": has_optim_state}
@@ -270,21 +252,14 @@ class FSDPEngine:
         if not (folder / ENGINE_STATE).is_file():
             raise FileNotFoundError(f"no engine state in '{folder}' (expected {ENGINE_STATE} and DCP shards)")
         info = json.loads((folder / ENGINE_STATE).read_text())
-        options = StateDictOptions(ignore_frozen_params=True)
-        # dcp.load fails on any trainable key the checkpoint lacks; the frozen ones (a LoRA base)
-        # are absent by design, which a strict load_state_dict would reject
-        setting = StateDictOptions(ignore_frozen_params=True, strict=False)
-        if info["has_optim_state"]:
-            model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
-            state = {"model": model_state, "optim": optim_state}
-            dcp.load(state, checkpoint_id=str(folder))
-            set_state_dict(
-                self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                options=setting,
-            )
+        state = self._resume_state(info["has_optim_state"])
+        dcp.load(state, checkpoint_id=str(folder))
+        # the frozen keys (a LoRA base) are absent by design, which a strict load would reject
+        options = StateDictOptions(ignore_frozen_params=True, strict=False)
+        if "optim" in state:
+            set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"], options=options)
         else:
-            state = {"model": get_model_state_dict(self.module, options=options)}
-            dcp.load(state, checkpoint_id=str(folder))
-            set_model_state_dict(self.module, state["model"], options=setting)
+            set_model_state_dict(self.module, state["model"], options=options)
         self.scheduler.load_state_dict(info["scheduler"])
         self.updates = int(info["updates"])

@@ -7,18 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ppo_trainer.config import CriticConfig, OptimConfig
-
-
-def critic_optim_config(cfg: CriticConfig) -> OptimConfig:
-    """The critic's optimizer settings as an `OptimConfig` (AdamW defaults for betas/eps)."""
-    return OptimConfig(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps,
-        schedule=cfg.schedule,
-        grad_clip=cfg.grad_clip,
-    )
+from ppo_trainer.config import OptimConfig
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
