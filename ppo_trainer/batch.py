@@ -158,18 +158,6 @@ class Batch:
             out[name] = value[idx] if isinstance(value, torch.Tensor) else [value[i] for i in idx.tolist()]
         return replace(self, **out, meta=dict(self.meta))
 
-    def split(self, sizes: int | Sequence[int]) -> list["Batch"]:
-        """Consecutive chunks: of `sizes` rows each (int; the last may be smaller) or of the given sizes."""
-        if isinstance(sizes, int):
-            sizes = [min(sizes, len(self) - start) for start in range(0, len(self), sizes)]
-        if sum(sizes) != len(self):
-            raise ValueError(f"split sizes {list(sizes)} do not add up to the batch size {len(self)}")
-        chunks, start = [], 0
-        for size in sizes:
-            chunks.append(self.select(range(start, start + size)))
-            start += size
-        return chunks
-
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
         """Rows of all batches, in order; response blocks are right-padded to the widest

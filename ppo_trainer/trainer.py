@@ -215,9 +215,13 @@ class Trainer:
                 else:
                     old = batch.sample_logprobs
                 batch = batch.with_fields(old_logprobs=old)
-            if cfg.algorithm.recompute_old_logprobs:
-                batch, correction = self.rollout_correction(batch)
-                metrics.update(correction)
+            if cfg.algorithm.recompute_old_logprobs:  # pi_old / pi_rollout weights, once per step
+                a = cfg.algorithm
+                weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
+                                                 a.rollout_correction, a.rollout_correction_cap,
+                                                 a.rollout_correction_low, a.rollout_correction_high)
+                batch = batch.with_fields(rollout_weights=weights)
+                metrics.update({f"rollout_corr/{k}": v.item() for k, v in stats.items()})
             if self.uses_reference:
                 with timer("ref"):
                     batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
@@ -269,16 +273,6 @@ class Trainer:
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
-
-    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The batch with rollout_weights (algorithm.rollout_correction; None for none), computed
-        once per step from the recomputed old logprobs and the sampler's, and the rollout_corr/*
-        diagnostics (core.rollout_correction.rollout_weights)."""
-        a = self.cfg.algorithm
-        weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
-                                         a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
-                                         a.rollout_correction_high)
-        return batch.with_fields(rollout_weights=weights), {f"rollout_corr/{k}": v.item() for k, v in stats.items()}
 
     def sync_rollout_weights(self) -> None:
         """Push the actor's current full weights (LoRA merged) into every rollout replica."""

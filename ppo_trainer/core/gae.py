@@ -30,16 +30,12 @@ def token_rewards(
     kl_coef: float,
     kl_penalty: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spread a sequence-level score over tokens and subtract a per-token KL penalty.
+    """``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
+    token (the EOS, or the last token of a truncated response); a row without valid tokens gets
+    nothing. ``kl_t = losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty)``;
+    ``ref_logprobs=None`` (no reference: the KL is off) means no penalty.
 
-    ``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
-    token (the EOS, or the last token of a truncated response). ``kl_t`` is
-    ``losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty)``; ``ref_logprobs=None``
-    (reference model skipped because the KL is off) means no penalty. A row without valid
-    tokens gets no reward at all.
-
-    Shapes: see the module table. Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on
-    padding; the trainer logs ``masked_mean(kl, mask)`` as ``actor/reward_kl_penalty``.
+    Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on padding.
     """
     valid = response_mask.bool()
     if ref_logprobs is None:
@@ -78,11 +74,11 @@ def compute_gae(
     """GAE advantages and returns, vectorised over the batch.
 
     ``delta_t = r_t + gamma * V(s_next) - V(s_t)`` and ``A_t = delta_t + gamma * lam * A_next``,
-    where "next" is the next valid token of the same row. Masked positions are skipped as if
-    they were removed from the row, so any mask works, not only right padding. ``lam`` is one
-    number or a [B] tensor with one lambda per sequence (``adaptive_lambda``).
+    where "next" is the next valid token of the same row: masked positions are skipped as if
+    removed from the row, so any mask works, not only right padding. ``lam`` is one number or a
+    [B] tensor, one lambda per sequence (``adaptive_lambda``).
 
-    Shapes: see the module table. Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
+    Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
     """
     valid = response_mask.bool()
     values = torch.where(valid, values, 0)
@@ -112,18 +108,13 @@ def compute_gae(
 
 
 def adaptive_lambda(response_mask: torch.Tensor, alpha: float) -> torch.Tensor:
-    """VAPO's length-adaptive lambda (Yue et al. 2025): ``clamp(1 - 1 / (alpha * l), 0, 1)`` per
-    sequence, ``l`` its number of valid response tokens.
+    """VAPO's length-adaptive lambda (Yue et al. 2025), [B] float32: ``clamp(1 - 1 / (alpha * l),
+    0, 1)``, ``l`` the row's valid tokens of ``response_mask`` [B, T].
 
-    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the advantage
-    of the first tokens of a long response hardly sees the final score; raising lambda with the
-    length keeps the sum of the GAE weights, 1 / (1 - lambda) = alpha * l, proportional to the
-    length. Rows of at most 1 / alpha tokens (and empty rows) get 0.
-
-    ============== ======
-    response_mask  [B, T]
-    return         [B] float32
-    ============== ======
+    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the first
+    tokens of a long response hardly see the final score; this keeps the sum of the GAE weights,
+    1 / (1 - lambda) = alpha * l, proportional to the length. Rows of at most 1 / alpha tokens
+    (and empty rows) get 0.
     """
     lengths = response_mask.bool().sum(dim=-1).float()
     return torch.clamp(1 - 1 / (alpha * lengths), 0, 1)

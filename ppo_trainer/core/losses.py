@@ -35,7 +35,6 @@ Count = int | float | torch.Tensor
 
 class PolicyLossOutput(NamedTuple):
     """``loss`` carries the gradient; the rest are detached scalars for logging."""
-
     loss: torch.Tensor
     clipfrac: torch.Tensor  # actor/pg_clipfrac: tokens where the ratio clip was active
     approx_kl: torch.Tensor  # actor/ppo_kl
@@ -44,7 +43,6 @@ class PolicyLossOutput(NamedTuple):
 
 class ValueLossOutput(NamedTuple):
     """``loss`` carries the gradient; ``clipfrac`` (critic/vf_clipfrac) is a detached scalar."""
-
     loss: torch.Tensor
     clipfrac: torch.Tensor
 
@@ -56,7 +54,7 @@ def aggregate(
     global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token losses to a scalar.
+    """Reduce per-token losses ``loss_mat`` [B, T] over ``mask`` [B, T] to a scalar [].
 
     ======================  ===================================================================
     token-mean              sum of valid token losses / global_tokens
@@ -64,18 +62,10 @@ def aggregate(
     seq-mean-token-sum      sum over rows of (row's summed valid token loss) / global_seqs
     ======================  ===================================================================
 
-    The denominators are the token / sequence counts of the whole mini-batch (across
-    micro-batches and ranks), not of this micro-batch: weighting each micro-batch by its own
-    count would make the summed micro-batch losses differ from the full-batch loss whenever
-    micro-batches hold different numbers of tokens. With the global counts, summing the
-    micro-batch losses gives the full-batch loss exactly. ``None`` uses the local count, so one
-    call on the full batch is the reference. Rows without valid tokens contribute 0.
-
-    ============  ==================================================
-    loss_mat      [B, T]
-    mask          [B, T]
-    return        []
-    ============  ==================================================
+    The denominators are the counts of the whole mini-batch (all micro-batches and ranks): with
+    each micro-batch's own count, the summed micro-batch losses would differ from the full-batch
+    loss whenever micro-batches hold different numbers of tokens. ``None`` uses the local count
+    (one call on the full batch is the reference). Rows without valid tokens contribute 0.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
@@ -104,17 +94,13 @@ def policy_loss(
     global_seqs: Count | None = None,
     token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
-    """Clipped PPO surrogate, to be minimised.
+    """Clipped PPO surrogate, to be minimised, reduced by ``aggregate``.
 
     Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
-    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with A < 0 are
-    additionally capped at ``-c * A``: a very large ratio on a bad action would otherwise give an
-    unbounded loss. ``token_weights`` [B, T] (rollout correction, ``core.rollout_correction``)
-    multiply each token's clipped loss as constants: they are detached, and the denominators of
-    the aggregation stay the token / sequence counts. Reduced by
-    ``aggregate(agg, global_tokens, global_seqs)``.
-
-    Shapes: see the module table; returns a ``PolicyLossOutput`` of scalars.
+    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with
+    A < 0 are also capped at ``-c * A``: a huge ratio on a bad action would otherwise give an
+    unbounded loss. ``token_weights`` [B, T] (``core.rollout_correction``) multiply each token's
+    clipped loss as detached constants; the aggregation's denominators stay the counts.
     """
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
@@ -154,14 +140,11 @@ def value_loss(
     global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> ValueLossOutput:
-    """Clipped value loss, to be minimised.
+    """Clipped value loss, to be minimised, reduced by ``aggregate``.
 
-    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``, i.e. a token whose
-    prediction already moved more than ``c`` from its rollout-time value toward the target gives
-    no further gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
-    Reduced by ``aggregate(agg, global_tokens, global_seqs)``.
-
-    Shapes: see the module table; returns a ``ValueLossOutput`` of scalars.
+    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``: a token whose
+    prediction already moved more than ``c`` from its rollout-time value gives no further
+    gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
     """
     valid = response_mask.bool()
     values = torch.where(valid, values, 0)
@@ -181,7 +164,8 @@ def value_loss(
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from the log-probabilities of sampled tokens.
+    """Per-token estimate of KL(pi || pi_ref) from the log-probabilities of sampled tokens;
+    ``logprobs``, ``ref_logprobs`` and the result share one shape, typically [B, T].
 
     ======  ===============================================================================
     k1      logp - ref                      (unbiased, high variance, can be negative)
@@ -190,12 +174,6 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     k3      exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]  (unbiased, >= 0,
             low variance)
     ======  ===============================================================================
-
-    ============  =====================
-    logprobs      [B, T] (any shape)
-    ref_logprobs  same shape
-    return        same shape
-    ============  =====================
     """
     diff = logprobs - ref_logprobs
     if kind == "k1":
@@ -227,13 +205,11 @@ def actor_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's share of the actor's mini-batch loss: the clipped policy loss (weighted by
     ``rollout_weights``), minus entropy_coef x entropy when ``entropy`` [B, T] is given, plus
-    kl_loss_coef x KL to the reference with use_kl_loss; all aggregated with the mini-batch's
-    global counts, so the shares sum to the mini-batch loss.
+    kl_loss_coef x KL to the reference with use_kl_loss, aggregated with the mini-batch's global
+    counts. ``algorithm``: the ``algorithm`` config section.
 
-    ``algorithm``: the ``algorithm`` config section (clip_ratio_low/high, dual_clip,
-    loss_agg_mode, entropy_coef, use_kl_loss, kl_loss_type, kl_loss_coef). Returns the loss and
-    detached shares of pg_loss, pg_clipfrac, ppo_kl, update_entropy and kl_loss (the last two
-    only when their term is on), each summing over micro-batches to the mini-batch value.
+    Returns the loss and detached shares (summing over micro-batches to the mini-batch value) of
+    pg_loss, pg_clipfrac, ppo_kl, and of update_entropy and kl_loss when their term is on.
     """
     a, mask = algorithm, response_mask
     norm = {"global_tokens": global_tokens, "global_seqs": global_seqs}

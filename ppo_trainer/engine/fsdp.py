@@ -20,25 +20,14 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import OptimConfig
 from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
-from ppo_trainer.engine.microbatch import (
-    LossFn,
-    MicroBatch,
-    accumulate_gradients,
-    global_counts,
-    plan_micro_batches,
-)
+from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
 from ppo_trainer.engine.optim import build_optimizer, build_scheduler
 from ppo_trainer.workers.devices import resolve_dtype
 
@@ -61,11 +50,8 @@ def shard_model(
     fp32_modules: Sequence[nn.Module] = (),
 ) -> FSDPModule:
     """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value
-    head), then the root `module`; returns the root (the same object, now an FSDPModule).
-
-    Parameters must be float32 (the master copy); compute runs in `dtype`, gradient reduction in
-    float32.
-    """
+    head), then the root `module` (float32 parameters: the master copy); returns the root, now an
+    FSDPModule. Compute runs in `dtype`, gradient reduction in float32."""
     mesh = device_mesh(device)
     offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if cpu_offload else None
     mixed = MixedPrecisionPolicy(param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32)
@@ -92,16 +78,15 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 class FSDPEngine:
-    """One FSDP2-sharded module; trainable when given an `OptimConfig`.
+    """One FSDP2-sharded module; trainable when given an `OptimConfig` (None: frozen).
 
     Args:
-        module: the root module (float32 parameters, on CPU); sharded in place.
-        layers: its repeated blocks, sharded one by one (each gathered only while it computes).
+        module, layers: the root module (float32 parameters, on CPU; sharded in place) and its
+            repeated blocks (each gathered only while it computes).
         device: where this rank computes ("cpu", "cuda", "cuda:1", "npu").
-        dtype: compute dtype name ("bfloat16", "float32", "float16", or "auto": bf16 where `device`
-            computes it natively); the resolved name is `self.dtype`.
+        dtype: compute dtype name, or "auto" (bf16 where `device` computes it natively); the
+            resolved name is `self.dtype`.
         cpu_offload: keep parameters, gradients and optimizer state in host memory.
-        optim: optimizer settings; None builds a frozen (inference-only) engine.
         total_steps: optimizer steps over the run (needed by the cosine schedule only).
         fp32_modules: submodules that compute in float32 whatever `dtype` is.
     """
@@ -198,11 +183,8 @@ class FSDPEngine:
         return accumulate_gradients(self.module, micro, loss_fn, counts)
 
     def optimizer_step(self) -> dict[str, float]:
-        """Clip gradients by global norm, step AdamW and the schedule; returns grad_norm and lr.
-
-        A non-finite gradient norm skips the parameter update (the gradients are dropped) and is
-        reported as such, so the caller can count skipped steps.
-        """
+        """Clip gradients by global norm, step AdamW and the schedule; returns grad_norm, lr and
+        skipped_steps: a non-finite norm skips the parameter update (the gradients are dropped)."""
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
