@@ -1,13 +1,13 @@
 """The PPO loop: `Trainer.from_config(cfg)` builds data, reward and the three role groups;
-`Trainer.fit()` runs, per step (DESIGN.md, "One PPO step"):
+`Trainer.fit()` runs, per step:
 
-    generate -> reward -> old logprobs -> reference logprobs -> values -> GAE
-    -> critic update -> actor update (after critic_warmup) -> weight sync -> metrics,
-    validation every trainer.val_every steps, checkpoint every trainer.save_every steps, and
+    generate -> reward -> old logprobs (+ rollout correction) -> reference logprobs -> values
+    -> advantages -> critic update -> actor update (after critic_warmup) -> weight sync,
+    validation every trainer.val_every steps, checkpoint every trainer.save_every steps and
     whenever a validation improves trainer.objective (checkpoints/best names that step).
 
-The driver holds no model: it moves `Batch`es between worker groups and does the pure
-advantage math of `ppo_trainer.core` itself.
+The driver holds no model: it moves `Batch`es between worker groups and calls `ppo_trainer.core`
+for the algorithm's math.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import resource
 import signal
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -57,15 +58,11 @@ def prompt_batch(records: list[PromptRecord], pad_id: int) -> Batch:
     )
 
 
-class _Timer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+@contextmanager
+def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 class Trainer:
@@ -166,12 +163,11 @@ class Trainer:
         direction of trainer.objective_direction; NaN and missing values never do."""
         if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
-        best = None if self.best is None else self.best["value"]
         maximize = self.cfg.trainer.objective_direction == "maximize"
-        if best is not None and not (value > best if maximize else value < best):
-            return False
-        self.best = {"step": self.step, "value": float(value)}
-        return True
+        better = self.best is None or (value > self.best["value"] if maximize else value < self.best["value"])
+        if better:
+            self.best = {"step": self.step, "value": float(value)}
+        return better
 
     def summary(self, first_step: int, seconds: float, objective: Optional[float],
                 objective_step: Optional[int]) -> str:
@@ -194,8 +190,8 @@ class Trainer:
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One PPO step; returns its metrics and a few samples for samples.jsonl."""
-        cfg, timer = self.cfg, _Timer()
-        metrics: dict[str, float] = {}
+        cfg, seconds, metrics = self.cfg, {}, {}
+        timer = partial(_timed, seconds)
         with timer("step"):
             prompts = prompt_batch(next(self.loader), self.pad_id)
             with timer("gen"):
@@ -237,8 +233,8 @@ class Trainer:
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
                 with timer("sync"):
                     self.sync_rollout_weights()
-        metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
-        metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
+        metrics.update({f"timing_s/{k}": v for k, v in seconds.items()})
+        metrics.update(self.perf_metrics(batch, seconds["step"]))
         return metrics, self.samples(batch)
 
     def guard_nonfinite(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -328,10 +324,9 @@ class Trainer:
         return folder
 
     def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any]) -> None:
-        """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
-        position, KL controller, non-finite streak, the RNG states of the driver and of every
-        worker (`state`, `rng`: its checked trainer state); then the rollout engine gets the
-        restored weights."""
+        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state):
+        models, optimizers, schedules, data position, KL controller, non-finite streak, every
+        RNG state; then the rollout engine gets the restored weights."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])
