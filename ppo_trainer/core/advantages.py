@@ -38,16 +38,8 @@ def lambdas(response_mask: torch.Tensor, gae: Any, step: int, critic_warmup: int
 
 @torch.no_grad()
 def compute(
-    scores: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    ref_logprobs: Optional[torch.Tensor],
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gae: Any,
-    *,
-    kl_coef: float,
-    step: int,
-    critic_warmup: int,
+    scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
+    response_mask: torch.Tensor, gae: Any, *, kl_coef: float, step: int, critic_warmup: int,
 ) -> Advantages:
     """Token rewards (score minus ``kl_coef`` x the gae.kl_penalty KL; ``ref_logprobs=None``: no
     KL), GAE with ``lambdas``, optional whitening (gae.normalize_advantages) of the advantages.

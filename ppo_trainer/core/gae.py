@@ -23,12 +23,8 @@ from ppo_trainer.core.losses import kl_penalty as kl_estimate
 
 @torch.no_grad()
 def token_rewards(
-    scores: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-    kl_penalty: str,
+    scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, response_mask: torch.Tensor,
+    kl_coef: float, kl_penalty: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
     token (the EOS, or the last token of a truncated response); a row without valid tokens gets
@@ -65,10 +61,7 @@ def _reverse_scan(x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def compute_gae(
-    token_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
+    token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float,
     lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns, vectorised over the batch.

@@ -48,10 +48,7 @@ class ValueLossOutput(NamedTuple):
 
 
 def aggregate(
-    loss_mat: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    global_tokens: Count | None = None,
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> torch.Tensor:
     """Reduce per-token losses ``loss_mat`` [B, T] over ``mask`` [B, T] to a scalar [].
@@ -82,17 +79,9 @@ def aggregate(
 
 
 def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    global_tokens: Count | None = None,
-    global_seqs: Count | None = None,
-    token_weights: torch.Tensor | None = None,
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    clip_low: float, clip_high: float, dual_clip: float | None = None, agg: str = "token-mean",
+    global_tokens: Count | None = None, global_seqs: Count | None = None, token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped PPO surrogate, to be minimised, reduced by ``aggregate``.
 
@@ -131,13 +120,8 @@ def policy_loss(
 
 
 def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip: float | None = None,
-    agg: str = "token-mean",
-    global_tokens: Count | None = None,
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
+    clip: float | None = None, agg: str = "token-mean", global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> ValueLossOutput:
     """Clipped value loss, to be minimised, reduced by ``aggregate``.
@@ -192,16 +176,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
 
 
 def actor_loss(
-    logprobs: torch.Tensor,
-    entropy: torch.Tensor | None,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    rollout_weights: torch.Tensor | None,
-    algorithm: Any,
-    global_tokens: Count,
-    global_seqs: Count,
+    logprobs: torch.Tensor, entropy: torch.Tensor | None, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+    response_mask: torch.Tensor, ref_logprobs: torch.Tensor | None, rollout_weights: torch.Tensor | None,
+    algorithm: Any, global_tokens: Count, global_seqs: Count,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's share of the actor's mini-batch loss: the clipped policy loss (weighted by
     ``rollout_weights``), minus entropy_coef x entropy when ``entropy`` [B, T] is given, plus
@@ -231,14 +208,8 @@ def actor_loss(
 
 
 def critic_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip: float | None,
-    agg: str,
-    global_tokens: Count,
-    global_seqs: Count,
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
+    clip: float | None, agg: str, global_tokens: Count, global_seqs: Count,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's share of the critic's mini-batch value loss (``value_loss`` with the
     global counts) and detached shares of vf_loss and vf_clipfrac."""

@@ -33,13 +33,8 @@ from ppo_trainer.core.masked import masked_mean
 
 @torch.no_grad()
 def rollout_weights(
-    old_logprobs: torch.Tensor,
-    sample_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    mode: str,
-    cap: float = 2.0,
-    low: float = 0.5,
-    high: float = 2.0,
+    old_logprobs: torch.Tensor, sample_logprobs: torch.Tensor, response_mask: torch.Tensor, mode: str, cap: float = 2.0,
+    low: float = 0.5, high: float = 2.0,
 ) -> tuple[Optional[torch.Tensor], dict[str, torch.Tensor]]:
     """The weights of ``mode`` (None for ``none``) and their diagnostics (detached scalars over
     valid tokens; log-ratios compare in log space, so a huge ratio never overflows):

@@ -41,19 +41,9 @@ class ActorEngine(FSDPEngine):
     """
 
     def __init__(
-        self,
-        cfg: ModelConfig,
-        model_dir: str | Path,
-        algorithm: AlgorithmConfig,
-        *,
-        mini_batch_size: int,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        use_reference: bool = False,
-        device: str | torch.device = "cpu",
-        total_steps: Optional[int] = None,
-        seed: int = 0,
+        self, cfg: ModelConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
+        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, use_reference: bool = False,
+        device: str | torch.device = "cpu", total_steps: Optional[int] = None, seed: int = 0,
     ) -> None:
         self.cfg = cfg
         self.model_dir = Path(model_dir)

@@ -31,17 +31,9 @@ class CriticEngine(FSDPEngine):
     """
 
     def __init__(
-        self,
-        cfg: CriticConfig,
-        model_dir: str | Path,
-        algorithm: AlgorithmConfig,
-        *,
-        mini_batch_size: int,
-        device: str | torch.device = "cpu",
-        total_steps: Optional[int] = None,
-        seed: int = 0,
-        attn_implementation: str = "sdpa",
-        trust_remote_code: bool = False,
+        self, cfg: CriticConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
+        device: str | torch.device = "cpu", total_steps: Optional[int] = None, seed: int = 0,
+        attn_implementation: str = "sdpa", trust_remote_code: bool = False,
     ) -> None:
         lora = getattr(cfg, "lora", None)
         if lora is not None and getattr(lora, "rank", 0) > 0:

@@ -42,11 +42,7 @@ def compute_dtype(name: str) -> torch.dtype:
 
 
 def shard_model(
-    module: nn.Module,
-    layers: Sequence[nn.Module],
-    device: torch.device,
-    dtype: torch.dtype,
-    cpu_offload: bool = False,
+    module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype, cpu_offload: bool = False,
     fp32_modules: Sequence[nn.Module] = (),
 ) -> FSDPModule:
     """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value
@@ -92,14 +88,8 @@ class FSDPEngine:
     """
 
     def __init__(
-        self,
-        module: nn.Module,
-        layers: Sequence[nn.Module],
-        device: str | torch.device,
-        dtype: str,
-        cpu_offload: bool = False,
-        optim: Optional[OptimConfig] = None,
-        total_steps: Optional[int] = None,
+        self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
+        cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
         fp32_modules: Sequence[nn.Module] = (),
     ) -> None:
         self.device = resolve_device(device)
