@@ -1,8 +1,6 @@
 """One PPO step's advantages, between the critic's values and the updates: token rewards, GAE with
-one lambda per learner, whitening, and the step's reward/advantage metrics.
-
-Shapes (B sequences, T response tokens): scores [B]; old_logprobs, ref_logprobs, values,
-response_mask, advantages, returns [B, T] (see ``core.gae``).
+one lambda per learner, whitening, and the step's reward/advantage metrics (shapes: see
+``ppo_trainer.core``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""Per-token rewards and Generalized Advantage Estimation (GAE) for right-padded responses.
-
-Symbols and shapes (B sequences, T response tokens):
-
-==============  =====  ======================================================================
-scores          [B]    scalar reward of each whole response (from the reward function)
-old_logprobs    [B,T]  log pi_old(a_t | s_t) of the sampled tokens
-ref_logprobs    [B,T]  log pi_ref(a_t | s_t) of the same tokens
-values          [B,T]  V(s_t): the critic's value of the state *before* token t is generated
-token_rewards   [B,T]  r_t, reward received for emitting token t
-response_mask   [B,T]  1 on real response tokens (up to and including EOS), 0 on padding
-advantages      [B,T]  GAE advantage A_t; 0 on padding
-returns         [B,T]  A_t + V(s_t), the critic's target; 0 on padding
-==============  =====  ======================================================================
+"""Per-token rewards and Generalized Advantage Estimation (GAE) for right-padded responses
+(shapes: see ``ppo_trainer.core``).
 """
 
 from __future__ import annotations

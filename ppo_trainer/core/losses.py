@@ -1,21 +1,5 @@
 """PPO losses: clipped policy surrogate, clipped value loss, KL penalties, aggregation, and the
-actor's and critic's micro-batch losses built from them.
-
-Symbols and shapes (B sequences in the micro-batch, T response tokens):
-
-==============  =========  ================================================================
-logprobs        [B, T]     log pi(a_t | s_t) under the policy being optimised
-old_logprobs    [B, T]     the same under the policy at the start of this PPO step
-ref_logprobs    [B, T]     the same under the frozen reference policy
-advantages      [B, T]     from ``compute_gae`` (typically whitened)
-values          [B, T]     V(s_t) from the critic being optimised
-old_values      [B, T]     V(s_t) at rollout time
-returns         [B, T]     GAE returns, the value target
-response_mask   [B, T]     1 on real response tokens, 0 on padding (``mask`` in aggregate)
-==============  =========  ================================================================
-
-Masked positions are replaced by 0 before any arithmetic, so padding garbage (even inf or NaN)
-reaches neither the loss nor a gradient.
+actor's and critic's micro-batch losses built from them (shapes: see ``ppo_trainer.core``).
 """
 
 from __future__ import annotations

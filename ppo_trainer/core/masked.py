@@ -1,8 +1,5 @@
-"""Reductions over the valid (mask nonzero) elements of a tensor.
-
-Masked positions are read only through ``torch.where``, so whatever they hold (padding garbage,
-inf, NaN) never reaches a result or a gradient. ``x`` and ``mask`` share one shape, typically
-[B, T]; ``mask`` may be bool, int or float.
+"""Reductions over the valid (mask nonzero) elements of a tensor. ``x`` and ``mask`` share one
+shape, typically [B, T]; ``mask`` may be bool, int or float.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ mis     sequence-level masked IS: ``w_t = 1`` on a sequence whose geometric-mean
 
 The weights depend only on pi_old and pi_rollout, fixed for the whole PPO step, so they are
 computed once on the driver and enter the loss as constants (``policy_loss(token_weights=)``).
-Shapes: old_logprobs (the trainer's), sample_logprobs (the sampler's), response_mask, weights
-(0 on padding) are [B, T].
+Shapes: see ``ppo_trainer.core``; the weights are [B, T], 0 on padding.
 """
 
 from __future__ import annotations

@@ -45,7 +45,6 @@ class ActorEngine(FSDPEngine):
         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, use_reference: bool = False,
         device: str | torch.device = "cpu", total_steps: Optional[int] = None, seed: int = 0,
     ) -> None:
-        self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.algorithm = algorithm
         self.mini_batch_size = mini_batch_size
