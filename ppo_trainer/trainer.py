@@ -18,7 +18,6 @@ import resource
 import signal
 import time
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -58,11 +57,15 @@ def prompt_batch(records: list[PromptRecord], pad_id: int) -> Batch:
     )
 
 
-@contextmanager
-def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - start
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 class Trainer:
@@ -190,8 +193,8 @@ class Trainer:
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One PPO step; returns its metrics and a few samples for samples.jsonl."""
-        cfg, seconds, metrics = self.cfg, {}, {}
-        timer = partial(_timed, seconds)
+        cfg, timer = self.cfg, _Timer()
+        metrics: dict[str, float] = {}
         with timer("step"):
             prompts = prompt_batch(next(self.loader), self.pad_id)
             with timer("gen"):
@@ -211,13 +214,9 @@ class Trainer:
                 else:
                     old = batch.sample_logprobs
                 batch = batch.with_fields(old_logprobs=old)
-            if cfg.algorithm.recompute_old_logprobs:  # pi_old / pi_rollout weights, once per step
-                a = cfg.algorithm
-                weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
-                                                 a.rollout_correction, a.rollout_correction_cap,
-                                                 a.rollout_correction_low, a.rollout_correction_high)
-                batch = batch.with_fields(rollout_weights=weights)
-                metrics.update({f"rollout_corr/{k}": v.item() for k, v in stats.items()})
+            if cfg.algorithm.recompute_old_logprobs:
+                batch, correction = self.rollout_correction(batch)
+                metrics.update(correction)
             if self.uses_reference:
                 with timer("ref"):
                     batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
@@ -233,8 +232,8 @@ class Trainer:
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
                 with timer("sync"):
                     self.sync_rollout_weights()
-        metrics.update({f"timing_s/{k}": v for k, v in seconds.items()})
-        metrics.update(self.perf_metrics(batch, seconds["step"]))
+        metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
+        metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)
 
     def guard_nonfinite(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -269,6 +268,15 @@ class Trainer:
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
+
+    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The batch with rollout_weights (`core.rollout_correction`; None for
+        algorithm.rollout_correction=none) and the rollout_corr/* diagnostics."""
+        a = self.cfg.algorithm
+        weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
+                                         a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
+                                         a.rollout_correction_high)
+        return batch.with_fields(rollout_weights=weights), {f"rollout_corr/{k}": v.item() for k, v in stats.items()}
 
     def sync_rollout_weights(self) -> None:
         """Push the actor's current full weights (LoRA merged) into every rollout replica."""
