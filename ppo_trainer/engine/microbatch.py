@@ -1,17 +1,15 @@
 """Mini-batch -> ranks -> micro-batches, and gradient accumulation that equals one big batch.
 
-Token budget: a micro-batch's cost is what its forward actually computes, rows x padded width,
-where the width is counted after `Batch.trim_padding` drops the columns that are padding in every row
-of the micro-batch (max prompt length + max response length of its rows). Rows are packed
+Token budget: a micro-batch's cost is what its forward computes, rows x width after
+`Batch.trim_padding` (max prompt length + max response length of its rows). Rows are packed
 greedily, longest first, while rows x width <= `algorithm.ppo_micro_batch_tokens`; a row longer
 than the budget gets a micro-batch of its own.
 
 Loss normalisation: every micro-batch loss is aggregated with the token (or sequence) count of
-the whole mini-batch summed over all data-parallel ranks (`GlobalCounts`), so the sum of the
-micro-batch losses over micro-batches and ranks is the loss of the full mini-batch. FSDP2 averages
-gradients over the data-parallel ranks (reduce-scatter divides by the world size); the loss is
-therefore multiplied by the world size before `backward`, turning that average into the sum.
-Gradients are synchronised only on the last micro-batch (`set_requires_gradient_sync`).
+the whole mini-batch over all data-parallel ranks (`GlobalCounts`), so the micro-batch losses sum
+to the full mini-batch's loss. FSDP2 averages gradients over the ranks (reduce-scatter divides by
+the world size), so the loss is multiplied by the world size before `backward`, turning that
+average into the sum. Gradients are synchronised only on the last micro-batch.
 
 FSDP's collectives require every rank to run the same number of forwards: `plan_micro_batches`
 agrees on the largest count over ranks, splits further where it can, and pads with dummy
@@ -54,10 +52,6 @@ class GlobalCounts:
 LossFn = Callable[[Batch, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def _width(prompt_lens: torch.Tensor, response_lens: torch.Tensor) -> int:
-    return int(prompt_lens.max()) + max(1, int(response_lens.max()))
-
-
 def split_by_token_budget(batch: Batch, budget: int) -> list[torch.Tensor]:
     """Row indices of each micro-batch: greedy, longest rows first, rows x width <= budget."""
     prompt_lens, response_lens = batch.row_extents()
@@ -90,8 +84,8 @@ def plan_micro_batches(batch: Batch, budget: int) -> list[MicroBatch]:
     target = all_reduce_max(len(groups))
     prompt_lens, response_lens = batch.row_extents()
 
-    def cost(rows: torch.Tensor) -> int:
-        return len(rows) * _width(prompt_lens[rows], response_lens[rows])
+    def cost(rows: torch.Tensor) -> int:  # rows x trimmed width
+        return len(rows) * (int(prompt_lens[rows].max()) + max(1, int(response_lens[rows].max())))
 
     while len(groups) < target:
         splittable = [g for g in groups if len(g) > 1]
