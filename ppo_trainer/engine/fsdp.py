@@ -106,8 +106,9 @@ class FSDPEngine:
     # ----------------------------------------------------------------------------- inference
 
     @torch.no_grad()
-    def forward_rows(self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]
-                     ) -> list[torch.Tensor]:
+    def forward_rows(
+        self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]
+    ) -> list[torch.Tensor]:
         """Run `fn(micro_batch_on_device)` over this rank's rows, in micro-batches of `budget`
         tokens, in eval mode; reassemble each returned [b, t] tensor into a CPU [B, T] float32
         tensor (0 beyond a micro-batch's trimmed width). A collective call: every rank calls it.
