@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Optional
 
 from ppo_trainer.config import SamplerConfig
-from ppo_trainer.rollout.base import Sampler, logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
 
-__all__ = ["HFSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available", "logprob_gap_metrics",
-           "prompts_to_batch"]
+__all__ = ["HFSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available", "prompts_to_batch"]
 
 
 def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bfloat16", seed: int = 0,

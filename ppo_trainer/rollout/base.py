@@ -127,15 +127,3 @@ def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]],
         response_text=list(texts),
         meta={**prompts.meta, "pad_token_id": pad_id},
     )
-
-
-def logprob_gap_metrics(sample_logprobs: torch.Tensor, recomputed: torch.Tensor,
-                        response_mask: torch.Tensor) -> dict[str, float]:
-    """`rollout/logprob_diff_max` and `_mean`: |sampler's - trainer's recomputed logprob| on real
-    tokens (all [B, T]; 0.0 when the mask is empty). A large gap means the engine's policy is not
-    the trainer's (stale weights, dtype, sampling settings)."""
-    mask = response_mask.bool()
-    diff = (sample_logprobs.float() - recomputed.float()).abs()[mask]
-    if diff.numel() == 0:
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
-    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}
