@@ -228,3 +228,7 @@ def _quiet_third_party_logs() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+if __name__ == "__main__":
+    train_main()

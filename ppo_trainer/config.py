@@ -566,7 +566,10 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 # Composition: the YAML tree in configs/, command-line overrides checked against the schema
 # ---------------------------------------------------------------------------------------
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+# configs/ at the repository root (a source checkout) or configs/ (an installed
+# wheel, where pyproject.toml maps it as package data): the one place that decides.
+CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+                  if (d / "ppo.yaml").is_file())
 CONFIG_NAME = "ppo"
 # How to install the Hydra sweeper plugins that configs/sweep/ may select.
 _SWEEPER_PACKAGES = {"optuna": "pip install 'ppo-trainer[optuna]'"}
