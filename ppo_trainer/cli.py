@@ -155,9 +155,10 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 def train_main(argv: Optional[list[str]] = None) -> None:
     """Entry point of `ppo-train`: Hydra app over configs/ppo.yaml, with early config checks."""
     argv = sys.argv[1:] if argv is None else argv
-    _quiet_third_party_logs()
     register_configs()
     flags, overrides = split_hydra_argv(argv)
+    # --info logs through a stdout handler Hydra adds to the root logger: ours would repeat each line
+    _quiet_third_party_logs(console=not any(f == "--info" or f.startswith("--info=") for f in flags))
     overrides = normalize_overrides(overrides)
     if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
@@ -218,14 +219,15 @@ def _verbose_engine_logs() -> None:
         os.environ[var] = _ENGINE_LOG_LEVELS[var][1]
 
 
-def _quiet_third_party_logs() -> None:
+def _quiet_third_party_logs(console: bool = True) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for var, (quiet, _) in _ENGINE_LOG_LEVELS.items():  # transformers: no per-load reports or progress bars
         if var not in os.environ:
             os.environ[var] = quiet
             _defaulted.add(var)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if console:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)
 

@@ -404,6 +404,31 @@ def kl_route(cfg: DictConfig) -> str:
     return {(True, False): "reward", (False, True): "loss", (True, True): "both"}.get((reward, loss), "nowhere")
 
 
+def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
+    """Counts per PPO step implied by the config: the one place that turns prompts into
+    sequences (x sampler.n) and mini-batches into optimizer steps (the plan prints it)."""
+    prompts, n, a = cfg.data.train_batch_size, cfg.sampler.n, cfg.algorithm
+    mini_batches = prompts // a.ppo_mini_batch_size
+    return {
+        "prompts_per_step": prompts,
+        "sequences_per_step": prompts * n,
+        "sequences_per_mini_batch": a.ppo_mini_batch_size * n,
+        "mini_batches_per_epoch": mini_batches,
+        "optimizer_steps_per_ppo_step": mini_batches * a.ppo_epochs,
+        "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
+        "micro_batch_token_budget": a.ppo_micro_batch_tokens,
+    }
+
+
+def optimizer_steps(cfg: DictConfig, role: str) -> int:
+    """Optimizer steps a role ("actor" or "critic") takes over the run: the cosine schedule's
+    horizon. The actor sits out the algorithm.critic_warmup steps."""
+    ppo_steps = cfg.trainer.total_steps
+    if role == "actor":
+        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
+    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * ppo_steps
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"'{key}' {message}")
@@ -464,13 +489,16 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(0 < s.top_p <= 1, "sampler.top_p", "must be in (0, 1]")
     _require(s.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
     _require(s.max_new_tokens >= 1, "sampler.max_new_tokens", "must be >= 1")
+    _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
+    _require(a.ppo_mini_batch_size >= 1, "algorithm.ppo_mini_batch_size", "must be >= 1")
+    sizes = batch_arithmetic(cfg)
+    seq_tokens = sizes["max_tokens_per_sequence"]
     _require(s.vllm.tensor_parallel_size >= 1, "sampler.vllm.tensor_parallel_size", "must be >= 1")
     _require(0 < s.vllm.gpu_memory_utilization <= 1, "sampler.vllm.gpu_memory_utilization", "must be in (0, 1]")
     _require(s.vllm.cpu_kv_cache_gb > 0, "sampler.vllm.cpu_kv_cache_gb", "must be > 0")
     if s.vllm.max_model_len is not None:
-        _require(s.vllm.max_model_len >= d.max_prompt_length + s.max_new_tokens, "sampler.vllm.max_model_len",
-                 f"must be >= data.max_prompt_length + sampler.max_new_tokens = "
-                 f"{d.max_prompt_length + s.max_new_tokens}")
+        _require(s.vllm.max_model_len >= seq_tokens, "sampler.vllm.max_model_len",
+                 f"must be >= data.max_prompt_length + sampler.max_new_tokens = {seq_tokens}")
 
     _require(0 <= g.gamma <= 1, "gae.gamma", f"must be in [0, 1], got {g.gamma}")
     _require(0 <= g.lam <= 1, "gae.lam", f"must be in [0, 1], got {g.lam}")
@@ -506,12 +534,10 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              f"must be in (0, 1] (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_low}")
     _require(a.rollout_correction_high >= 1, "algorithm.rollout_correction_high",
              f"must be >= 1 (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_high}")
-    _require(a.ppo_micro_batch_tokens >= d.max_prompt_length + s.max_new_tokens, "algorithm.ppo_micro_batch_tokens",
+    _require(a.ppo_micro_batch_tokens >= seq_tokens, "algorithm.ppo_micro_batch_tokens",
              f"({a.ppo_micro_batch_tokens}) must hold one full sequence: >= data.max_prompt_length + "
-             f"sampler.max_new_tokens = {d.max_prompt_length + s.max_new_tokens}")
+             f"sampler.max_new_tokens = {seq_tokens}")
 
-    _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
-    _require(a.ppo_mini_batch_size >= 1, "algorithm.ppo_mini_batch_size", "must be >= 1")
     _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
              f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
     _require(d.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
@@ -543,7 +569,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
             _require(dev[role].num_devices == 1, f"devices.{role}.num_devices",
                      f"is {dev[role].num_devices}, but devices.backend=local runs one process on one device; "
                      "use devices.backend=ray for more")
-    sequences_per_mini = a.ppo_mini_batch_size * s.n
+    sequences_per_mini = sizes["sequences_per_mini_batch"]
     for role in ("actor", "critic"):
         replicas = dev[role].num_devices
         _require(sequences_per_mini >= replicas, f"devices.{role}.num_devices",

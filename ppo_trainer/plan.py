@@ -12,31 +12,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import kl_route, uses_reference
+from ppo_trainer.config import batch_arithmetic, kl_route, uses_reference
 from ppo_trainer.tracking import mask_secrets
 
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
-
-
-def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
-    """Counts per PPO step implied by the config (prompts, sequences, mini-batches, optimizer steps)."""
-    prompts = cfg.data.train_batch_size
-    n = cfg.sampler.n
-    mini_batches = prompts // cfg.algorithm.ppo_mini_batch_size
-    return {
-        "prompts_per_step": prompts,
-        "sequences_per_step": prompts * n,
-        "sequences_per_mini_batch": cfg.algorithm.ppo_mini_batch_size * n,
-        "mini_batches_per_epoch": mini_batches,
-        "optimizer_steps_per_ppo_step": mini_batches * cfg.algorithm.ppo_epochs,
-        "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
-        "micro_batch_token_budget": cfg.algorithm.ppo_micro_batch_tokens,
-    }
-
-
-def devices_needed(cfg: DictConfig) -> int:
-    """Devices the run occupies: colocated roles share the largest pool, else pools add up."""
-    return plan_placement(cfg).num_devices
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:

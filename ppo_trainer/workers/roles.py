@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import uses_reference
+from ppo_trainer.config import batch_arithmetic, optimizer_steps, uses_reference
 
 
 _LIBC_NAME = ctypes.util.find_library("c")
@@ -42,19 +42,6 @@ def replica_seed(seed: int, replica: int) -> int:
     if replica == 0:
         return seed
     return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
-
-
-def optimizer_steps(cfg: DictConfig, role: str) -> int:
-    """Optimizer steps a role takes over the run (the cosine schedule's horizon)."""
-    per_step = (cfg.data.train_batch_size // cfg.algorithm.ppo_mini_batch_size) * cfg.algorithm.ppo_epochs
-    ppo_steps = cfg.trainer.total_steps
-    if role == "actor":
-        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
-    return per_step * ppo_steps
-
-
-def sequences_per_mini_batch(cfg: DictConfig) -> int:
-    return cfg.algorithm.ppo_mini_batch_size * cfg.sampler.n
 
 
 class RngState:
@@ -94,7 +81,7 @@ class ActorRole(RngState):
             cfg.model,
             resolve_model_path(cfg.model.path),
             cfg.algorithm,
-            mini_batch_size=sequences_per_mini_batch(cfg),
+            mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
             temperature=cfg.sampler.temperature,
             top_k=cfg.sampler.top_k,
             top_p=cfg.sampler.top_p,
@@ -146,7 +133,7 @@ class CriticRole(RngState):
             cfg.critic,
             resolve_model_path(checkpoint_part(cfg.critic.path, "critic") if cfg.critic.path else cfg.model.path),
             cfg.algorithm,
-            mini_batch_size=sequences_per_mini_batch(cfg),
+            mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
             device=device,
             total_steps=optimizer_steps(cfg, "critic"),
             seed=cfg.trainer.seed,
