@@ -1,7 +1,6 @@
-"""Where metrics go: console (progress bar with ETA and a per-step line), metrics.jsonl,
-samples.jsonl, and tensorboard / wandb / mlflow when installed and listed in trainer.loggers;
-plots.png at the end. `engine_output_to_file` keeps the console to those lines and sends what
-the engines print into <output_dir>/engine.log.
+"""Where metrics go: the console (a progress bar and a line per step), metrics.jsonl,
+samples.jsonl, tensorboard / wandb / mlflow (trainer.loggers), plots.png at the end; what the
+engines print goes to <output_dir>/engine.log (`engine_output_to_file`).
 """
 
 from __future__ import annotations
@@ -13,11 +12,9 @@ import math
 import os
 import re
 import sys
-import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterator, Optional, TextIO
 
-log = logging.getLogger("ppo_trainer")
 
 # The compact per-step console line: (metric, label, format).
 CONSOLE_COLUMNS = [
@@ -73,13 +70,10 @@ def console_stream() -> TextIO:
 
 @contextlib.contextmanager
 def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[None]:
-    """Redirect this process's file descriptors 1 and 2 into `log_path` (appending), so that
-    whatever the engines print lands there: vLLM's and Ray's loggers, C++ warnings of torch and
-    oneDNN, Python warnings, loaders' progress bars, and the output of child processes, which
-    inherit the descriptors. The progress bar and the step lines (`console_stream`) and the
-    "ppo_trainer" logger (a handler on the terminal's stderr) stay on the terminal; the logger
-    also reaches the file through the root logger. `verbose`: no redirection, everything shows.
-    An engine.log left empty is removed."""
+    """Redirect file descriptors 1 and 2 into `log_path` (appending): descriptors, not sys.stdout,
+    so that C++ warnings (torch, oneDNN) and child processes (Ray, vLLM), which inherit them, land
+    there too. The step lines (`console_stream`) and the "ppo_trainer" logger stay on the terminal.
+    `verbose`: no redirection. An engine.log left empty is removed."""
     global _console
     if verbose:
         yield
@@ -122,47 +116,44 @@ class Tracker:
     def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, start_step: int,
                  config: dict[str, Any], run_name: str):
         self.output_dir = output_dir
-        self.loggers = list(loggers)
         self.total_steps = total_steps
         self.metrics_path = output_dir / "metrics.jsonl"
         self.samples_path = output_dir / "samples.jsonl"
         truncate_jsonl(self.metrics_path, start_step)
         truncate_jsonl(self.samples_path, start_step)
-        self._start_time = time.time()
-        self._start_step = start_step
-        self._progress = None
-        self._sinks: list[Any] = []
-        if "console" in self.loggers:
-            self._start_progress(start_step)
-        if "tensorboard" in self.loggers:
+        self._progress = self._start_progress(start_step) if "console" in loggers else None
+        self._sinks: list[tuple[Callable[[int, dict[str, float]], None], Callable[[], None]]] = []  # (log, close)
+        if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
-        if "wandb" in self.loggers:
+            tb = SummaryWriter(str(output_dir / "tensorboard"))
+            self._sinks.append((lambda step, m: [tb.add_scalar(k, v, step) for k, v in m.items()], tb.close))
+        if "wandb" in loggers:
             import wandb
 
-            self._wandb = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
-                                     dir=str(output_dir), resume="allow", id=_run_id(output_dir))
-        if "mlflow" in self.loggers:
+            run = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
+                             dir=str(output_dir), resume="allow", id=_run_id(output_dir))
+            self._sinks.append((lambda step, m: run.log(m, step=step), run.finish))
+        if "mlflow" in loggers:
             import mlflow
 
             mlflow.set_experiment("ppo-trainer")
             mlflow.start_run(run_name=run_name)
-            mlflow.log_params({k: str(v) for k, v in _flatten(mask_secrets(config)).items()})
+            mlflow.log_params({k: str(v) for k, v in flatten(mask_secrets(config)).items()})
+            self._sinks.append((lambda step, m: mlflow.log_metrics({k.replace("/", "."): v for k, v in m.items()},
+                                                                   step=step), mlflow.end_run))
 
-    def _start_progress(self, start_step: int) -> None:
+    def _start_progress(self, start_step: int) -> Any:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        from rich.console import Console
-
-        # redirect_*=False: what the engines print goes to their own streams (engine.log), not
-        # through the bar's console
-        self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                  console=Console(file=console_stream()), redirect_stdout=False,
-                                  redirect_stderr=False)
-        self._task = self._progress.add_task("steps", total=self.total_steps, completed=start_step)
-        self._progress.start()
+        # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
+        progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
+                            redirect_stdout=False, redirect_stderr=False)
+        self._task = progress.add_task("steps", total=self.total_steps, completed=start_step)
+        progress.start()
+        return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
@@ -171,32 +162,18 @@ class Tracker:
         if self._progress is not None:
             self._progress.console.print(format_step_line(step, self.total_steps, metrics), soft_wrap=True)
             self._progress.update(self._task, completed=step)
-        if "tensorboard" in self.loggers:
-            for key, value in metrics.items():
-                self._tb.add_scalar(key, value, step)
-        if "wandb" in self.loggers:
-            self._wandb.log(metrics, step=step)
-        if "mlflow" in self.loggers:
-            import mlflow
-
-            mlflow.log_metrics({k.replace("/", "."): v for k, v in metrics.items()}, step=step)
+        for log, _ in self._sinks:
+            log(step, metrics)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         with self.samples_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}) + "\n")
+            f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-        if "tensorboard" in self.loggers:
-            self._tb.close()
-        if "wandb" in self.loggers:
-            self._wandb.finish()
-        if "mlflow" in self.loggers:
-            import mlflow
-
-            mlflow.end_run()
+        for _, close in self._sinks:
+            close()
         write_plots(self.metrics_path, self.output_dir / "plots.png")
 
 
@@ -212,12 +189,10 @@ def run_summary(
     last_dir: Optional[Path],
     stopped_by: Optional[str] = None,
 ) -> str:
-    """The block printed when a run ends (or a signal stops it after saving): steps done, final
-    and best objective with their steps, wall time, best and last checkpoints, plots.png, and
-    the ppo-eval command for the best checkpoint.
+    """The block printed when a run ends or a signal stops it after saving.
 
     steps: (first step of this invocation, last step done, trainer.total_steps); final and best:
-    (step, value) or (None, None).
+    (step, value) of the objective, or (None, None).
     """
     first, done, total = steps
     if stopped_by is not None:
@@ -261,7 +236,17 @@ def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The records of metrics.jsonl in step order; a line cut short (a job still writing, or
+    killed mid-write) is skipped."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return sorted(records, key=lambda r: r["step"])
 
 
 def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
@@ -298,13 +283,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: leaf}; an empty dict is a leaf, anything but a dict is {}."""
+    if not isinstance(d, dict):
+        return {}
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{k}"] = v
+            out[f"{prefix}{key}"] = value
     return out
 
 
