@@ -1,12 +1,7 @@
-"""Typed config schema, registered in Hydra's ConfigStore, and static validation.
-
-Every config group has one dataclass here. The composed config is merged into the
-`PPOConfig` schema, so an unknown key or a wrong type fails before anything heavy is
-imported. `validate_static` adds the checks a type cannot express (ranges, batch
-arithmetic, device counts); `ConfigError` carries one line naming the key.
-
-Units follow the key table of DESIGN.md: batch sizes count prompts, `sampler.n` multiplies
-them into sequences, lengths count tokens.
+"""The config: one dataclass per group (the defaults live here, the YAML of configs/ says what
+differs), static validation and composition; a config problem is a `ConfigError` of one line
+naming the key, raised before anything heavy is imported. Units: batch sizes count prompts,
+`sampler.n` multiplies them into sequences, lengths count tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 
@@ -274,9 +269,7 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
 
 
-# ---------------------------------------------------------------------------------------
-# Key lookup
-# ---------------------------------------------------------------------------------------
+# --- Key lookup
 
 
 def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
@@ -335,32 +328,17 @@ def check_value(key: str, value: Any) -> None:
         return  # list elements by index are checked when the composed config is validated
 
 
-def find_unknown_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Dotted keys present in `cfg` but absent from the schema (e.g. added with `+group.key`)."""
-    unknown = []
-    for key in cfg.keys():
-        full = f"{prefix}{key}"
-        if full not in _KEYS:
-            unknown.append(full)
-        elif isinstance(cfg._get_node(key), DictConfig) and is_dataclass(_KEYS[full]):
-            unknown.extend(find_unknown_keys(cfg._get_node(key), prefix=f"{full}."))
-    return unknown
-
-
-# ---------------------------------------------------------------------------------------
-# Validation
-# ---------------------------------------------------------------------------------------
+# --- Validation
 
 
 def to_schema(cfg: DictConfig) -> DictConfig:
     """Merge a composed config (Hydra strips its `hydra` node) into the typed schema: unknown
     keys and wrong types raise ConfigError."""
-    unknown = find_unknown_keys(cfg)
-    if unknown:
-        raise unknown_key_error(unknown[0])
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
         OmegaConf.resolve(merged)
+    except ConfigKeyError as e:  # a key the schema lacks, e.g. added with `+group.key`
+        raise unknown_key_error(e.full_key) from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
@@ -552,17 +530,13 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
-# ---------------------------------------------------------------------------------------
-# Composition: the YAML tree in configs/, command-line overrides checked against the schema
-# ---------------------------------------------------------------------------------------
+# --- Composition: the YAML tree in configs/, command-line overrides checked against the schema
 
-# configs/ at the repository root (a source checkout) or configs/ (an installed
+# configs/ at the repository root (a source checkout) or ppo_trainer/configs/ (an installed
 # wheel, where pyproject.toml maps it as package data): the one place that decides.
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
                   if (d / "ppo.yaml").is_file())
 CONFIG_NAME = "ppo"
-# How to install the Hydra sweeper plugins that configs/sweep/ may select.
-_SWEEPER_PACKAGES = {"optuna": "pip install 'ppo-trainer[optuna]'"}
 
 
 def group_options(group: str) -> list[str]:
@@ -586,11 +560,8 @@ def normalize_overrides(overrides: list[str]) -> list[str]:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Check every override against the schema and the group options; raise ConfigError.
-
-    Catches what Hydra lets through (`+gae.gama=0.9` adds a key the schema lacks) and turns
-    what Hydra would report in several lines into one line with the valid choices.
-    """
+    """Check every override against the schema and the group options: catches what Hydra lets
+    through (`+gae.gama=0.9` adds a key) and says in one line what Hydra says in several."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -650,7 +621,7 @@ def installed_sweepers() -> set[str]:
 def check_sweeper(name: str) -> None:
     """Raise ConfigError unless the Hydra sweeper `name` is installed."""
     if name not in installed_sweepers():
-        hint = _SWEEPER_PACKAGES.get(name, "install the Hydra plugin that provides it")
+        hint = "pip install 'ppo-trainer[optuna]'" if name == "optuna" else "install the Hydra plugin that provides it"
         raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")
 
 
@@ -675,7 +646,6 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     overrides = normalize_overrides(overrides)

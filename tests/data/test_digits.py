@@ -67,14 +67,14 @@ def test_score_is_one_when_the_response_begins_with_the_answer(response: str, tr
     ],
 )
 def test_bad_digits_settings_are_config_errors_naming_the_key(overrides: list[str], key: str) -> None:
-    from ppo_trainer.cli import compose
+    from ppo_trainer.config import compose
 
     with pytest.raises(ConfigError, match=f"^'{key}'"):
         compose(["model=tiny", "data.source=digits", "sampler.max_new_tokens=3", *overrides])
 
 
 def test_sum_needs_only_one_new_token() -> None:
-    from ppo_trainer.cli import compose
+    from ppo_trainer.config import compose
 
     cfg = compose(["model=tiny", "data.source=digits", "data.digits.task=sum", "sampler.max_new_tokens=1"])
     assert cfg.data.digits.task == "sum"
