@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ppo_trainer.tracking import flatten, read_metrics
+from ppo_trainer.tracking import as_number, flatten, metric_series, plot, read_metrics
 
 ACCURACY = "val/accuracy"
 # Final values shown for every run: (metric, column header, format).
@@ -45,9 +45,7 @@ class Run:
     swept: dict[str, str] = field(default_factory=dict)  # what this run sets that others do not
 
     def series(self, metric: str) -> list[tuple[int, float]]:
-        """(step, value) of every record that logged `metric` as a number."""
-        points = [(int(r["step"]), _number(r.get(metric))) for r in self.metrics]
-        return [(step, value) for step, value in points if value is not None]
+        return metric_series(self.metrics, metric)
 
     def final(self, metric: str) -> Optional[float]:
         points = self.series(metric)
@@ -65,15 +63,6 @@ class Run:
         done = max((int(r["step"]) for r in self.metrics), default=0)
         total = self.config.get("trainer.total_steps")
         return f"{done}/{total}" if total is not None else str(done)
-
-
-def _number(value: Any) -> Optional[float]:
-    """A metric value as a float: numbers, and the strings tracking writes for non-finite values."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
-        return float(value)
-    return None
 
 
 def _short(text: Optional[str]) -> str:
@@ -222,34 +211,17 @@ def _maximize(hydra: dict[str, Any], optuna_best: Optional[dict[str, Any]], fina
     if direction is not None:
         return str(direction) != "minimize"
     values = [v for v in finals if v is not None and not math.isnan(v)]
-    best = _number((optuna_best or {}).get("best_value"))
+    best = as_number((optuna_best or {}).get("best_value"))
     return not (best is not None and values and best == min(values) != max(values))
 
 
 def plot_accuracy(report: Report, out: Path) -> Path:
     """Overlay the val/accuracy curves of all runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = []
     for run in report.runs:
-        points = run.series(ACCURACY)
-        if points:
-            label = " ".join(f"{k}={_short(v)}" for k, v in run.swept.items())
-            ax.plot(*zip(*points), marker="." if len(points) < 50 else None,
-                    label=f"{run.name}: {label}" if label else run.name)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="step", ylabel=ACCURACY, title=f"{ACCURACY}: {report.sweep_dir.name}")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+        label = " ".join(f"{k}={_short(v)}" for k, v in run.swept.items())
+        curves.append((f"{run.name}: {label}" if label else run.name, run.series(ACCURACY)))
+    return plot(out, [(f"{ACCURACY}: {report.sweep_dir.name}", curves)], cols=1, size=(7, 4.5))
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -249,30 +249,54 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["step"])
 
 
+def metric_series(records: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
+    """(step, value) of every record that logged `metric` as a number (see `as_number`)."""
+    points = [(int(r["step"]), as_number(r.get(metric))) for r in records]
+    return [(step, value) for step, value in points if value is not None]
+
+
+def as_number(value: Any) -> Optional[float]:
+    """A metric value as a float: numbers, and the strings `_plain` writes for non-finite ones."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
+        return float(value)
+    return None
+
+
+def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
+         size: tuple[float, float]) -> Path:
+    """Write a figure of curves against step: panels of (title, [(label or None, points)]), each
+    panel `size` inches."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
+    for ax, (title, curves) in zip(axes.flat, panels):
+        for label, points in curves:
+            if points:
+                ax.plot(*zip(*points), marker="." if len(points) < 50 else None, label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=title, xlabel="step")
+        ax.grid(alpha=0.3)
+        if any(line.get_label() and not line.get_label().startswith("_") for line in ax.lines):
+            ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
     """plots.png: the headline metrics against step (matplotlib, a base dependency)."""
     records = read_metrics(metrics_path)
     if not records:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = 3
-    rows = math.ceil(len(PLOTTED) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows))
-    for ax, key in zip(axes.flat, PLOTTED):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if points:
-            ax.plot(*zip(*points), marker="." if len(points) < 50 else None)
-        ax.set_title(key)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return plot(out, [(key, [(None, metric_series(records, key))]) for key in PLOTTED], cols=3, size=(4, 3))
 
 
 def _plain(value: Any) -> Any:
