@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ppo_trainer.tracking import as_number, flatten, metric_series, plot, read_metrics
+from ppo_trainer.tracking import as_number, flatten, metric_series, plot, read_jsonl
 
 ACCURACY = "val/accuracy"
 # Final values shown for every run: (metric, column header, format).
@@ -92,7 +92,7 @@ def find_runs(sweep_dir: Path) -> list[Run]:
     """The job folders of a sweep (those holding any of a run's files), by job number."""
     folders = [p for p in sweep_dir.iterdir() if p.is_dir() and any((p / name).is_file() for name in _RUN_FILES)]
     folders.sort(key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
-    return [Run(p.name, p, flatten(_read_yaml(p / "config.yaml")), read_metrics(p / "metrics.jsonl"),
+    return [Run(p.name, p, flatten(_read_yaml(p / "config.yaml")), read_jsonl(p / "metrics.jsonl"),
                 read_overrides(p)) for p in folders]
 
 

@@ -45,18 +45,10 @@ def mask_secrets(value: Any, key: str = "") -> Any:
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep the records of steps <= last_step: a resumed run rewrites what came after its
     checkpoint. A line cut short by a kill (not valid JSON) is dropped with them."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= last_step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    if path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= last_step))
+        os.replace(tmp, path)
 
 
 _console: Optional[TextIO] = None  # the terminal while engine_output_to_file is active
@@ -235,9 +227,9 @@ def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl in step order; a line cut short (a job still writing, or
-    killed mid-write) is skipped."""
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl or samples.jsonl in step order (stable); a line cut short (a
+    job still writing, or killed mid-write) is skipped."""
     records = []
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
@@ -293,7 +285,7 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
 
 def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
     """plots.png: the headline metrics against step (matplotlib, a base dependency)."""
-    records = read_metrics(metrics_path)
+    records = read_jsonl(metrics_path)
     if not records:
         return None
     return plot(out, [(key, [(None, metric_series(records, key))]) for key in PLOTTED], cols=3, size=(4, 3))
