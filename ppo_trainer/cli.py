@@ -78,7 +78,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         from ppo_trainer.trainer import run_training
 
         if cfg.trainer.verbose:
-            _verbose_engine_logs()
+            _engine_log_levels(verbose=True)
         with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
@@ -194,24 +194,22 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         sys.exit(2)
 
 
-# Log levels of the engines, applied unless the environment sets them: (quiet, trainer.verbose=true).
+# The engines' log levels, (quiet, trainer.verbose=true), read when they are imported; a level
+# the environment sets wins.
 _ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
-_defaulted: set[str] = set()
+_USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
 
 
-def _verbose_engine_logs() -> None:
-    """trainer.verbose=true: the engines log at their info level (read when they are imported)."""
-    for var in _defaulted:
-        os.environ[var] = _ENGINE_LOG_LEVELS[var][1]
+def _engine_log_levels(verbose: bool) -> None:
+    for var, levels in _ENGINE_LOG_LEVELS.items():
+        if var not in _USER_SET:
+            os.environ[var] = levels[verbose]
 
 
 def _quiet_third_party_logs(console: bool = True) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    for var, (quiet, _) in _ENGINE_LOG_LEVELS.items():  # transformers: no per-load reports or progress bars
-        if var not in os.environ:
-            os.environ[var] = quiet
-            _defaulted.add(var)
+    _engine_log_levels(verbose=False)  # transformers: no per-load reports or progress bars
     if console:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):

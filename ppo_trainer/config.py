@@ -14,9 +14,6 @@ from typing import Any, Optional, get_origin, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
-
-
 class ConfigError(ValueError):
     """A config problem the user must fix; the message is one line naming the key."""
 
@@ -47,7 +44,7 @@ class OptimConfig:
 class ModelConfig:
     """The actor (policy); the reference policy and, by default, the critic start from it."""
 
-    path: str = EMBEDDED_MODEL
+    path: str = "embedded:smollm2-135m-instruct"
     # compute dtype (also the rollout engine's): auto = bfloat16 where the device computes it
     # natively (CUDA, NPU, a CPU with avx512_bf16 or amx_bf16), else float32; master weights stay float32
     dtype: str = "auto"
