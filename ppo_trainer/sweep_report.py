@@ -38,7 +38,6 @@ class Run:
     """One job folder of a sweep."""
 
     name: str
-    folder: Path
     config: dict[str, Any]  # config.yaml, flattened to dotted keys
     metrics: list[dict[str, Any]]  # metrics.jsonl records, in step order
     overrides: Optional[list[str]]  # the job's command-line overrides, when recorded
@@ -92,7 +91,7 @@ def find_runs(sweep_dir: Path) -> list[Run]:
     """The job folders of a sweep (those holding any of a run's files), by job number."""
     folders = [p for p in sweep_dir.iterdir() if p.is_dir() and any((p / name).is_file() for name in _RUN_FILES)]
     folders.sort(key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
-    return [Run(p.name, p, flatten(_read_yaml(p / "config.yaml")), read_jsonl(p / "metrics.jsonl"),
+    return [Run(p.name, flatten(_read_yaml(p / "config.yaml")), read_jsonl(p / "metrics.jsonl"),
                 read_overrides(p)) for p in folders]
 
 
