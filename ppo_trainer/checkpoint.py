@@ -1,20 +1,17 @@
 """Checkpoint layout, atomic commits, rotation and resume resolution.
 
-    checkpoints/global_step_N/actor/     HF export (config, safetensors, tokenizer; LoRA: adapter)
+    checkpoints/global_step_N/actor/         HF export (config, safetensors, tokenizer; LoRA: adapter)
     checkpoints/global_step_N/actor_merged/  LoRA only: the adapter merged into its base (plain HF)
-    checkpoints/global_step_N/critic/    the value model as an HF token-classification model
-    checkpoints/global_step_N/state/     exact-resume state: actor/ and critic/ (DCP: fp32 master
-                                         weights, optimizer, scheduler), trainer.json (step,
-                                         dataloader position, KL controller, non-finite
-                                         streak), rng.pt (driver and every worker rank)
-    checkpoints/latest                   names the last complete step, written last
-    checkpoints/best                     names the step with the best trainer.objective so far;
-                                         rotation keeps that step
+    checkpoints/global_step_N/critic/        the value model as an HF token-classification model
+    checkpoints/global_step_N/state/         exact resume: actor/ and critic/ (DCP: fp32 master weights,
+                                             optimizer, scheduler), trainer.json (step, loader position,
+                                             KL controller, non-finite streak), rng.pt (driver, all ranks)
+    checkpoints/latest                       names the last complete step, written last
+    checkpoints/best                         names the best step by trainer.objective; rotation keeps it
 
-A checkpoint is written into a hidden temporary folder, fsynced, then renamed into place, and
-only then does `latest` move (itself replaced atomically). A crash at any moment therefore
-leaves either the previous checkpoint or the new one, never a half-written one that resume
-could pick.
+A step is written into a hidden staging folder, fsynced and renamed into place before `latest`
+moves (replaced atomically): a crash leaves the previous checkpoint or the new one, never a
+half-written one that resume could pick.
 """
 
 from __future__ import annotations
@@ -59,15 +56,17 @@ def begin(output_dir: Path, step: int) -> Path:
 
 
 def commit(output_dir: Path, step: int, keep_last: int, best: bool = False) -> Path:
-    """fsync the staged step, rename it into place, point `latest` (and, if `best`, `best`) at it,
-    rotate old steps."""
+    """fsync the staged step, rename it into place, point `latest` (and `best` if `best`) at it, rotate."""
     staging = staging_dir(output_dir, step)
-    _fsync_tree(staging)
+    for folder, _, files in os.walk(staging):
+        for name in files:
+            _fsync(Path(folder) / name)
+        _fsync(Path(folder))
     final = step_dir(output_dir, step)
     if final.exists():  # re-saving a step after resuming from an earlier one
         shutil.rmtree(final)
     os.replace(staging, final)
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
     if best:
         write_pointer(output_dir, "best", step)
     write_pointer(output_dir, "latest", step)
@@ -80,9 +79,9 @@ def write_pointer(output_dir: Path, name: str, step: int) -> None:
     pointer = checkpoints_dir(output_dir) / name
     tmp = pointer.with_name(f".{name}.tmp")
     tmp.write_text(step_dir(output_dir, step).name + "\n")
-    _fsync_file(tmp)
+    _fsync(tmp)
     os.replace(tmp, pointer)
-    _fsync_dir(pointer.parent)
+    _fsync(pointer.parent)
 
 
 def complete_steps(output_dir: Path) -> list[int]:
@@ -94,8 +93,7 @@ def complete_steps(output_dir: Path) -> list[int]:
 
 
 def rotate(output_dir: Path, keep_last: int) -> None:
-    """Remove all but the newest `keep_last` checkpoints and the one `best` names, and leftover
-    staging folders."""
+    """Remove leftover staging folders and all steps but the newest `keep_last` and the `best` one."""
     best = read_pointer(checkpoints_dir(output_dir) / "best")
     for step in complete_steps(output_dir)[:-keep_last]:
         if best is None or step_dir(output_dir, step) != best:
@@ -110,8 +108,7 @@ def latest_checkpoint(output_dir: Path) -> Optional[Path]:
 
 
 def read_pointer(pointer: Path) -> Optional[Path]:
-    """The step folder a pointer file (checkpoints/latest or checkpoints/best) names; None if
-    the file does not exist."""
+    """The step folder a pointer file (checkpoints/latest, checkpoints/best) names; None if none."""
     if not pointer.is_file():
         return None
     name = pointer.read_text().strip()
@@ -161,30 +158,15 @@ def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
             if not (folder / role).is_dir():
                 raise ValueError(f"no {role} state folder")
     except (OSError, ValueError, RuntimeError, AttributeError, pickle.UnpicklingError, EOFError) as e:
-        raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; "
-                              "resume from another checkpoint with trainer.resume=PATH, "
-                              "or start over with trainer.resume=never") from None
+        raise CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; resume from another "
+                              "checkpoint with trainer.resume=PATH, or start over with trainer.resume=never") from None
     return state, rng
 
 
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file's, or a folder's (its entries: renames), contents to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            _fsync_file(Path(dirpath) / name)
-        _fsync_dir(Path(dirpath))

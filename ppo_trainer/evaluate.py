@@ -1,18 +1,6 @@
-"""`ppo-eval`: greedy accuracy of models on prompt records, with every response written to jsonl.
-
-`evaluate_records` is the one evaluation function: the trainer's validation (`val/accuracy`) and
-`ppo-eval` both call it, with eval.limit, eval.batch_size and eval.max_new_tokens, so the two
-measure the same thing. A response is correct when the reward function gives it at least
-`reward.correct_score`.
-
-`model.path` of `ppo-eval` may name a model folder (or anything `resolve_model_path` accepts), an
-actor folder of a checkpoint (full, or a LoRA adapter, then applied to its base), a
-`global_step_N` folder (its merged LoRA export, else its actor), a pointer file
-(`checkpoints/latest`, `checkpoints/best`: the step it names) or a run's output folder (its
-latest checkpoint). For a checkpoint of a run, the run's `config.yaml` supplies data, prompt
-format, reward, eval settings and sampler, with the command-line overrides on top. Greedy
-decoding then runs with the run's sampler; otherwise through vLLM when it is installed, else
-through the Hugging Face sampler.
+"""`ppo-eval`, and `evaluate_records`: the one evaluation function, which the trainer's validation
+(`val/accuracy`) calls too, with the same eval group settings, so the two measure the same thing.
+A response is correct when the reward function gives it at least `reward.correct_score`.
 """
 
 from __future__ import annotations
@@ -27,42 +15,32 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from omegaconf import OmegaConf
+
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import ConfigError, EvalConfig, SamplerConfig
-from ppo_trainer.data.datasets import PromptRecord
-from ppo_trainer.rewards.loader import RewardFn, score_all
-from ppo_trainer.rewards.math import extract_flexible, extract_strict
-from ppo_trainer.rollout.base import Sampler, prompts_to_batch
+from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
+from ppo_trainer.config import ConfigError, EvalConfig, compose, validate_static
+from ppo_trainer.data import PromptRecord, load_prompts
+from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
+from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
+from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
+from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
+from ppo_trainer.rollout.base import prompts_to_batch
 
 logger = logging.getLogger("ppo_trainer")
 
-Extractor = Callable[[str], Optional[str]]
-GenerateFn = Callable[[Batch], Batch]  # greedy responses (n=1) to a prompt-only batch
-Z_95 = 1.959963984540054  # the standard normal quantile of 0.975
 
-
-def evaluate_records(
-    generate: GenerateFn,
-    records: Sequence[PromptRecord],
-    reward_fn: RewardFn,
-    *,
-    pad_id: int,
-    limit: Optional[int] = None,
-    batch_size: int = 64,
-    correct_score: float = 1.0,
-    on_error: str = "raise",
-    extract: Extractor = extract_strict,
-    output_file: Optional[str | Path] = None,
-) -> dict[str, Any]:
-    """Greedy responses (`generate`) to the first `limit` records (all if None), in batches of
-    `batch_size`, scored with `reward_fn` (`on_error` as reward.on_error); one jsonl row per
-    record if `output_file`.
-
-    Rows: index, question, response, extracted (the answer `extract` reads, or null),
-    ground_truth, score, correct, truncated. Returns accuracy (fraction with score >=
-    correct_score), num_correct, mean_score, truncated_fraction, num_examples, output_file.
-    """
-    records = list(records)[:limit] if limit is not None else list(records)
+def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
+                     pad_id: int, limit: Optional[int] = None, batch_size: int = 64, correct_score: float = 1.0,
+                     on_error: str = "raise", extract: Callable[[str], Optional[str]] = extract_strict,
+                     output_file: Optional[str | Path] = None) -> dict[str, Any]:
+    """Greedy responses (`generate`: one per prompt of a prompt-only batch) to the first `limit`
+    records (all if None), in batches of `batch_size`, scored with `reward_fn` (`on_error` as
+    reward.on_error). Rows, written to `output_file` as jsonl if given: index, question, response,
+    extracted (the answer `extract` reads, or null), ground_truth, score, correct, truncated.
+    Returns accuracy (fraction with score >= correct_score), num_correct, mean_score,
+    truncated_fraction, num_examples, output_file."""
+    records = list(records)[:limit]
     if not records:
         raise ValueError("evaluate: no records to evaluate")
     rows: list[dict[str, Any]] = []
@@ -73,42 +51,24 @@ def evaluate_records(
         out = generate(prompts)
         scores, _ = score_all(reward_fn, out.response_text, out.ground_truth, on_error)
         for record, response, score, truncated in zip(chunk, out.response_text, scores, out.truncated.tolist()):
-            rows.append({
-                "index": record.index,
-                "question": record.question,
-                "response": response,
-                "extracted": extract(response),
-                "ground_truth": record.ground_truth,
-                "score": score,
-                "correct": score >= correct_score,
-                "truncated": truncated,
-            })
+            rows.append({"index": record.index, "question": record.question, "response": response,
+                         "extracted": extract(response), "ground_truth": record.ground_truth, "score": score,
+                         "correct": score >= correct_score, "truncated": truncated})
         logger.info("eval: %d/%d prompts, accuracy so far %.3f", len(rows), len(records),
                     sum(r["correct"] for r in rows) / len(rows))
-
     if output_file is not None:
-        path = Path(output_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    correct = sum(r["correct"] for r in rows)
-    return {
-        "accuracy": correct / len(rows),
-        "num_correct": correct,
-        "mean_score": sum(r["score"] for r in rows) / len(rows),
-        "truncated_fraction": sum(r["truncated"] for r in rows) / len(rows),
-        "num_examples": len(rows),
-        "output_file": None if output_file is None else str(output_file),
-    }
+        Path(output_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(output_file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    n, correct = len(rows), sum(r["correct"] for r in rows)
+    return {"accuracy": correct / n, "num_correct": correct, "mean_score": sum(r["score"] for r in rows) / n,
+            "truncated_fraction": sum(r["truncated"] for r in rows) / n, "num_examples": n,
+            "output_file": None if output_file is None else str(output_file)}
 
 
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for the default z).
-
-    Unlike p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse to a point at 0
-    or n successes, which matters for the small accuracies and problem counts of evaluations.
-    """
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% for the default z, the normal
+    quantile of 0.975): unlike p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse
+    to a point at 0 or n successes, which matters for small accuracies and problem counts."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
     p = successes / n
@@ -118,106 +78,15 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     return max(0.0, center - half), min(1.0, center + half)
 
 
-def extractor(mode: str) -> Extractor:
-    """The answer extraction of reward.mode ("strict": '#### N', "flexible": the last number)."""
-    return extract_flexible if mode == "flexible" else extract_strict
-
-
-def build_eval_sampler(
-    model_dir: str | Path,
-    sampler_cfg: SamplerConfig,
-    eval_cfg: EvalConfig,
-    *,
-    max_prompt_length: int,
-    dtype: str = "bfloat16",
-    engine: str = "auto",
-    trust_remote_code: bool = False,
-) -> Sampler:
-    """A sampler for greedy evaluation: vLLM ("auto": when installed) or HF, with eval.max_new_tokens."""
-    from ppo_trainer.rollout.hf import HFSampler
-    from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
-
-    if engine not in ("auto", "hf", "vllm"):
-        raise ValueError(f"engine is {engine!r}; allowed values: auto, hf, vllm")
-    cfg = dataclasses.replace(sampler_cfg, n=1, max_new_tokens=eval_cfg.max_new_tokens)
-    problem = check_vllm_available()
-    if engine == "vllm" and problem:
-        raise ImportError(problem)
-    if engine == "vllm" or (engine == "auto" and problem is None):
-        logger.info("eval: greedy decoding with vLLM")
-        return VllmSampler(model_dir, cfg, dtype=dtype, max_model_len=max_prompt_length + cfg.max_new_tokens,
-                           trust_remote_code=trust_remote_code)
-    logger.info("eval: greedy decoding with Hugging Face generate")
-    # rows per generate call as in training's validation: padding, and so the numerics, match
-    return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
-                                     trust_remote_code=trust_remote_code)
-
-
-def evaluate(
-    model_dir: str | Path,
-    records: Sequence[PromptRecord],
-    sampler_cfg: SamplerConfig,
-    eval_cfg: EvalConfig,
-    reward_fn: RewardFn,
-    *,
-    dtype: str = "bfloat16",
-    correct_score: float = 1.0,
-    on_error: str = "raise",
-    extract: Extractor = extract_strict,
-    engine: str = "auto",
-    output_file: Optional[str | Path] = None,
-    trust_remote_code: bool = False,
-) -> dict[str, Any]:
-    """Greedy accuracy of the model in `model_dir` on the first `eval.limit` records (all if None).
-
-    The sampler uses `sampler_cfg`'s stop strings and engine settings with eval.max_new_tokens;
-    prompts go in batches of eval.batch_size. See `evaluate_records` for the result and jsonl
-    rows; `seconds` is added.
-    """
-    from ppo_trainer.models.loading import load_tokenizer
-
-    records = list(records)[: eval_cfg.limit] if eval_cfg.limit is not None else list(records)
-    if not records:
-        raise ValueError("evaluate: no records to evaluate")
-    pad_id = load_tokenizer(model_dir).pad_token_id
-    sampler = build_eval_sampler(model_dir, sampler_cfg, eval_cfg, dtype=dtype, engine=engine,
-                                 max_prompt_length=max(len(r.prompt_ids) for r in records),
-                                 trust_remote_code=trust_remote_code)
-    start = time.perf_counter()
-    try:
-        result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
-                                  reward_fn, pad_id=pad_id, batch_size=eval_cfg.batch_size,
-                                  correct_score=correct_score, on_error=on_error, extract=extract,
-                                  output_file=output_file)
-    finally:
-        del sampler
-        gc.collect()  # the next model's engine gets the memory
-    result["seconds"] = time.perf_counter() - start
-    return result
-
-
 # ---------------------------------------------------------------------------------- ppo-eval
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalTarget:
-    """One `model.path` of ppo-eval: what to load, and the run it comes from (if any)."""
-
-    path: str  # as given
-    model_dir: Path  # a Hugging Face causal-LM folder
-    run_dir: Optional[Path] = None  # the run's output folder (holds config.yaml)
-    step: Optional[int] = None
-
-
-def resolve_target(path: str, scratch: Path) -> EvalTarget:
-    """Where `path` (see the module docstring) points: the model folder to load and the run.
-
-    A LoRA adapter is merged into its base (the run's model.path, else the adapter's
-    base_model_name_or_path) in a folder under `scratch`.
-    """
-    from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-    from ppo_trainer.models.loading import ModelPathError, resolve_model_path
-
+def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Optional[int]]:
+    """(the model folder to load, the run's output folder or None, the checkpoint's step or None)
+    of a ppo-eval model.path: a model folder or name (`resolve_model_path`), a checkpoint's actor
+    folder, a `global_step_N` folder (its merged LoRA export, else its actor), a pointer file
+    (`checkpoints/latest`, `checkpoints/best`) or a run's output folder (its latest checkpoint).
+    A LoRA adapter is merged into its base in a folder under `scratch`."""
     local = Path(path).expanduser()
     step_folder: Optional[Path] = None
     actor: Optional[Path] = None
@@ -233,8 +102,8 @@ def resolve_target(path: str, scratch: Path) -> EvalTarget:
         step_folder, actor = local.parent, local
     if step_folder is None:
         if (local / "adapter_config.json").is_file():
-            return EvalTarget(path, _merge_adapter(local, None, scratch))
-        return EvalTarget(path, resolve_model_path(path))
+            return _merge_adapter(local, None, scratch), None, None
+        return resolve_model_path(path), None, None
 
     run_dir = step_folder.parent.parent
     run_dir = run_dir if (run_dir / "config.yaml").is_file() else None
@@ -243,20 +112,18 @@ def resolve_target(path: str, scratch: Path) -> EvalTarget:
         merged = step_folder / "actor_merged"
         actor = merged if (merged / "config.json").is_file() else step_folder / "actor"
     if (actor / "adapter_config.json").is_file():
-        return EvalTarget(path, _merge_adapter(actor, run_dir, scratch), run_dir, step)
+        return _merge_adapter(actor, run_dir, scratch), run_dir, step
     if not (actor / "config.json").is_file():
         raise ModelPathError(f"model.path='{path}': {actor} holds neither a model (config.json) nor a LoRA adapter")
-    return EvalTarget(path, actor, run_dir, step)
+    return actor, run_dir, step
 
 
 def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Path:
-    """The LoRA adapter in `adapter` merged into its base model, saved as a model folder."""
+    """The LoRA adapter merged into its base (the run's model.path, else the adapter's
+    base_model_name_or_path), saved as a model folder."""
     import torch
-    from omegaconf import OmegaConf
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ppo_trainer.models.loading import resolve_model_path
 
     if run_dir is not None:
         base = OmegaConf.load(run_dir / "config.yaml").model.path
@@ -268,8 +135,8 @@ def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Pat
                                       str(adapter)).merge_and_unload()
     out = Path(tempfile.mkdtemp(prefix="merged-", dir=scratch))
     model.save_pretrained(out)
-    has_tokenizer = (adapter / "tokenizer_config.json").is_file()
-    AutoTokenizer.from_pretrained(adapter if has_tokenizer else base_dir).save_pretrained(out)
+    tokenizer_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base_dir
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out
 
 
@@ -278,14 +145,10 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     paths: list[str] = []
-    rest: list[str] = []
-    for override in overrides:
-        if override.partition("=")[0] != "model.path":
-            rest.append(override)
-            continue
+    for override in (o for o in overrides if o.partition("=")[0] == "model.path"):
         value = OverridesParser.create().parse_overrides([override])[0].value()
         paths = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-    return paths, rest
+    return paths, [o for o in overrides if o.partition("=")[0] != "model.path"]
 
 
 def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
@@ -293,9 +156,6 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
     a run) with each key or group that `overrides` name taken from `composed` (the defaults
     composed with the overrides); without a run, `composed` itself."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from ppo_trainer.config import validate_static
 
     if run_dir is None:
         return composed
@@ -310,44 +170,48 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
 
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
-    """`ppo-eval` with command-line overrides: every `model.path` on the same problems.
-
-    Each result gets `model` (the path as given) and `step` (of a checkpoint, else None). The
-    console shows accuracy with its Wilson 95% interval and the number of problems (one table
-    for several models). Responses go to
-    eval.output_file (default `<trainer.output_dir>/eval.jsonl`; with several models, numbered
-    `eval.0.jsonl`, `eval.1.jsonl`, ...).
-    """
-    from omegaconf import OmegaConf
-
-    from ppo_trainer.config import compose
-    from ppo_trainer.data import load_prompts
-    from ppo_trainer.models.loading import load_tokenizer
-    from ppo_trainer.rewards.loader import load_reward_fn
-
+    """`ppo-eval`: every `model.path` of `overrides` on the same problems, printed with the Wilson
+    95% interval (a table for several models). A checkpoint of a run is evaluated with the run's
+    config.yaml under the overrides, decoded by its sampler; any other model by vLLM if installed,
+    else HF. Each result is `evaluate_records`' with `model` (as given), `step` (of a checkpoint,
+    else None) and `seconds`. Responses go to eval.output_file (default
+    `<trainer.output_dir>/eval.jsonl`; several models: `eval.<i>.jsonl`)."""
     paths, rest = model_paths(overrides)
     composed = compose(rest)
     paths = paths or [composed.model.path]  # the model of an experiment, or the default
     with tempfile.TemporaryDirectory(prefix="ppo-eval-") as scratch:
         targets = [resolve_target(p, Path(scratch)) for p in paths]
-        run_dir = next((t.run_dir for t in targets if t.run_dir is not None), None)
+        run_dir = next((run for _, run, _ in targets if run is not None), None)
         cfg = eval_config(composed, rest, run_dir)
         if run_dir is not None:
             logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
         eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
+        name = cfg.sampler.name if run_dir is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
+        sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
+                                          max_new_tokens=eval_cfg.max_new_tokens)
         default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
-        for i, target in enumerate(targets):
+        for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
             output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
-            records = load_prompts(cfg.data, load_tokenizer(target.model_dir), "val")
-            result = evaluate(
-                target.model_dir, records, OmegaConf.to_object(cfg.sampler), eval_cfg, reward_fn,
-                dtype=cfg.model.dtype, correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
-                extract=extractor(cfg.reward.mode), engine=cfg.sampler.name if run_dir is not None else "auto",
-                output_file=output_file, trust_remote_code=cfg.model.trust_remote_code,
-            )
-            results.append({"model": target.path, "step": target.step, **result})
+            tokenizer = load_tokenizer(model_dir)
+            records = load_prompts(cfg.data, tokenizer, "val")[: eval_cfg.limit]
+            if not records:
+                raise ValueError("evaluate: no records to evaluate")
+            logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
+            sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
+                                    max_prompt_length=max(len(r.prompt_ids) for r in records),
+                                    trust_remote_code=cfg.model.trust_remote_code)
+            start = time.perf_counter()
+            try:
+                result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
+                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=eval_cfg.batch_size,
+                                          correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
+                                          extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
+            finally:
+                del sampler
+                gc.collect()  # the next model's engine gets the memory
+            results.append({"model": path, "step": step, **result, "seconds": time.perf_counter() - start})
     print(format_results(results, cfg.reward.mode))
     return results
 

@@ -1,17 +1,10 @@
-"""Load prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator
-(arithmetic word problems, digit tasks for the tiny model).
+"""Prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator.
 
-`load_prompts(cfg, tokenizer, split)` returns `PromptRecord`s: each row's question rendered into
-the model's prompt format and tokenized, with its ground truth. On the way it
-
-- reports malformed rows (invalid JSON, a missing column, a question that is not a string, an
-  answer without a value) by file and line: `data.bad_rows=error` stops with the first one,
-  `data.bad_rows=skip` skips them and logs how many;
-- drops prompts longer than `data.max_prompt_length` tokens and logs how many;
-- raises DataError when nothing is left, naming the source and the filter that emptied it.
-
-Column names come from `data.prompt_key` and `data.answer_key`; the built-in generators always
-write "question" and "answer".
+`load_prompts` renders each question into the prompt format (`data.prompt_template` in the chat
+template, assistant turn opened), tokenizes it and keeps its ground truth (GSM8K's "#### N": N).
+Malformed rows (invalid JSON, a missing column, a question that is not a string, an answer
+without a value) are named by file and line: `data.bad_rows=error` stops at the first, `skip`
+counts them. Prompts over `data.max_prompt_length` tokens are dropped and counted.
 """
 
 from __future__ import annotations
@@ -21,15 +14,16 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from ppo_trainer.config import DataConfig
-from ppo_trainer.data import arithmetic, digits, gsm8k
+from ppo_trainer.data import arithmetic, digits
+from ppo_trainer.rewards.math import ANSWER_MARKER
 
 logger = logging.getLogger("ppo_trainer")
 
 SPLITS = ("train", "val")
-GENERATED = ("arithmetic", "digits")  # built-in generators: their rows always have "question" and "answer"
+GENERATED = ("arithmetic", "digits")  # built-in generators: their rows have "question" and "answer"
 FILES_HINT = "data.source=files data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
 
 
@@ -39,20 +33,13 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt of a split.
+    """One prompt of a split."""
 
-    index: the row's position in its source split (0-based; malformed rows keep their number)
-    question: the question text from the dataset
-    prompt: the text the model continues (chat template applied, assistant turn opened)
-    prompt_ids: the token ids of `prompt`, length <= data.max_prompt_length
-    ground_truth: the final answer as a string, commas stripped (GSM8K: after the last "####")
-    """
-
-    index: int
+    index: int  # the row's position in its source split (0-based; malformed rows keep their number)
     question: str
-    prompt: str
-    prompt_ids: tuple[int, ...]
-    ground_truth: str
+    prompt: str  # the text the model continues (chat template applied, assistant turn opened)
+    prompt_ids: tuple[int, ...]  # the token ids of `prompt`, length <= data.max_prompt_length
+    ground_truth: str  # the final answer, commas stripped
 
 
 @dataclass(frozen=True)
@@ -65,11 +52,9 @@ class RawRow:
 
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
-    """The prompts of `split` ("train" or "val") as configured by `cfg` (the `data` group).
-
-    Raises DataError (one line) for a missing file, an unreachable dataset, a malformed row under
-    `data.bad_rows=error`, or a split left empty by the filters.
-    """
+    """The prompts of `split` ("train" or "val") as the `data` group configures them; DataError
+    (one line) for a missing file, an unreachable dataset, a malformed row under
+    `data.bad_rows=error`, or a split left empty by the filters."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -86,50 +71,41 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptReco
         logger.info("data: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
                     too_long, len(examples), split, cfg.max_prompt_length)
     if not records:
-        raise DataError(
-            f"{source}: no {split} prompts left ({len(examples) + len(skipped)} rows read, "
-            f"{len(skipped)} malformed and skipped, {too_long} longer than "
-            f"data.max_prompt_length={cfg.max_prompt_length} tokens); check the data or raise data.max_prompt_length"
-        )
+        raise DataError(f"{source}: no {split} prompts left ({len(examples) + len(skipped)} rows read, {len(skipped)} "
+                        f"malformed and skipped, {too_long} longer than data.max_prompt_length={cfg.max_prompt_length} "
+                        "tokens); check the data or raise data.max_prompt_length")
     logger.info("data: %d %s prompts from %s", len(records), split, source)
     return records
 
 
 def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
     """(a description of the source, its rows) for `split` of `cfg.source`."""
-    if cfg.source in ("arithmetic", "digits"):
+    if cfg.source in GENERATED:
         generate = arithmetic.generate_problems if cfg.source == "arithmetic" else digits.generate_rows
         try:
             problems = generate(getattr(cfg, cfg.source), split)
         except ValueError as e:
             raise DataError(str(e)) from None
         what = f"{cfg.digits.task}, {split}" if cfg.source == "digits" else split
-        return f"the {cfg.source} generator ({what})", iter(
-            RawRow(f"{cfg.source}[{split}] row {i}", row) for i, row in enumerate(problems)
-        )
+        return f"the {cfg.source} generator ({what})", (RawRow(f"{cfg.source}[{split}] row {i}", row)
+                                                        for i, row in enumerate(problems))
     if cfg.source == "files":
         key = f"data.{split}_files"
         paths = [Path(p) for p in (cfg.train_files if split == "train" else cfg.val_files)]
         if not paths:
             raise DataError(f"{key} is empty; data.source=files needs jsonl or parquet files: {FILES_HINT}")
         for path in paths:
-            check_file(path, key)
+            if not path.is_file():
+                raise DataError(f"{key}: file not found: {path}")
+            if path.suffix not in (".jsonl", ".parquet"):
+                raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
         return ", ".join(map(str, paths)), (row for path in paths for row in read_file(path))
     hub_split = cfg.train_split if split == "train" else cfg.val_split
     return f"{cfg.source}[{hub_split}]", read_hub(cfg.source, cfg.hub_config, hub_split)
 
 
-def check_file(path: Path, key: str) -> None:
-    """Raise DataError naming `key` unless `path` is an existing .jsonl or .parquet file."""
-    if not path.is_file():
-        raise DataError(f"{key}: file not found: {path}")
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
-
-
 def read_file(path: Path) -> Iterator[RawRow]:
-    """Rows of a .jsonl file (blank lines ignored; a line that is not JSON becomes an error row)
-    or of a .parquet file."""
+    """Rows of a .parquet or .jsonl file (blank lines ignored, a line that is not JSON an error row)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -175,18 +151,15 @@ def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise ValueError(f"'{answer_key}' must be a string or a number, got {type(answer).__name__}")
     try:
-        return question, gsm8k.ground_truth(str(answer))
+        return question, ground_truth(str(answer))
     except ValueError as e:
         raise ValueError(f"'{answer_key}': {e}") from None
 
 
-def parse_rows(
-    rows: Iterator[RawRow], keys: tuple[str, str], bad_rows: str
-) -> tuple[list[tuple[int, str, str]], list[str]]:
-    """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]).
-
-    bad_rows="error" raises DataError at the first malformed row instead, naming it.
-    """
+def parse_rows(rows: Iterator[RawRow], keys: tuple[str, str],
+               bad_rows: str) -> tuple[list[tuple[int, str, str]], list[str]]:
+    """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]);
+    bad_rows="error" raises DataError at the first malformed row instead."""
     examples: list[tuple[int, str, str]] = []
     skipped: list[str] = []
     for index, row in enumerate(rows):
@@ -203,20 +176,46 @@ def parse_rows(
     return examples, skipped
 
 
-def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig, tokenizer: Any) -> tuple[list[PromptRecord], int]:
+def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig,
+                  tokenizer: Any) -> tuple[list[PromptRecord], int]:
     """(records that fit in `cfg.max_prompt_length` tokens, number of prompts dropped as too long)."""
     try:
-        prompts = [
-            gsm8k.format_prompt(gsm8k.user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
-                                cfg.use_chat_template, cfg.system_prompt)
-            for _, question, _ in examples
-        ]
+        prompts = [format_prompt(user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
+                                 cfg.use_chat_template, cfg.system_prompt) for _, question, _ in examples]
     except ValueError as e:
         raise DataError(str(e)) from None
     ids = tokenizer(prompts, add_special_tokens=not cfg.use_chat_template)["input_ids"] if prompts else []
-    records = [
-        PromptRecord(index, question, prompt, tuple(prompt_ids), truth)
-        for (index, question, truth), prompt, prompt_ids in zip(examples, prompts, ids)
-        if len(prompt_ids) <= cfg.max_prompt_length
-    ]
+    records = [PromptRecord(index, question, prompt, tuple(prompt_ids), truth)
+               for (index, question, truth), prompt, prompt_ids in zip(examples, prompts, ids)
+               if len(prompt_ids) <= cfg.max_prompt_length]
     return records, len(examples) - len(records)
+
+
+def ground_truth(answer: str) -> str:
+    """The text after the last "####", commas and surrounding space stripped; an answer without the
+    marker is taken whole (an answer column of bare numbers). ValueError if nothing is left."""
+    truth = answer.rpartition(ANSWER_MARKER)[2].replace(",", "").strip()
+    if not truth:
+        raise ValueError(f"answer has nothing after '{ANSWER_MARKER}'")
+    return truth
+
+
+def user_message(question: str, template: str, instruction: str) -> str:
+    """The user turn: `template` with {question} and {instruction} filled in; ValueError naming
+    `data.prompt_template` if it has another placeholder."""
+    try:
+        return template.format(question=question.strip(), instruction=instruction)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"data.prompt_template={template!r} cannot be filled ({type(e).__name__}: {e}); it may use "
+                         "only {question} and {instruction} (write literal braces as {{ }})") from None
+
+
+def format_prompt(message: str, tokenizer: Any, use_chat_template: bool, system_prompt: Optional[str] = None) -> str:
+    """The prompt text the model continues: the chat template with the generation prompt added
+    (after a system turn of `system_prompt` unless it is None: then the template's default), or
+    the bare message when `use_chat_template` is False."""
+    if not use_chat_template:
+        return message
+    system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    return tokenizer.apply_chat_template([*system, {"role": "user", "content": message}], tokenize=False,
+                                         add_generation_prompt=True)

@@ -10,26 +10,18 @@ from ppo_trainer.data.datasets import PromptRecord
 
 
 class PromptLoader:
-    """Yields one list of `batch_size` prompt records per PPO step, forever.
-
-    Each epoch visits every record once, in an order drawn from (seed, epoch) when `shuffle` is
-    on, else in dataset order. A batch that reaches the end of an epoch is completed from the next
-    one, so every batch is full. `state_dict()` holds (epoch, position) and nothing else: a loader
-    restored from it yields exactly the batches the original would have yielded next.
-    """
+    """Yields one list of `batch_size` prompt records per PPO step, forever. Each epoch visits
+    every record once, in an order drawn from (seed, epoch) when `shuffle` is on, else in dataset
+    order; a batch that reaches the end of an epoch is completed from the next one. A loader
+    restored from `state_dict()` (epoch, position) yields exactly the batches the original would."""
 
     def __init__(self, records: Sequence[PromptRecord], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if not records:
             raise ValueError("PromptLoader needs at least one record")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.records = records
-        self.batch_size = batch_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self.position = 0  # records of the current epoch already yielded
-        self._order = self._epoch_order(0)
+        self.records, self.batch_size, self.seed, self.shuffle = records, batch_size, seed, shuffle
+        self.load_state_dict({"epoch": 0, "position": 0})  # position: records of the epoch already yielded
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         """[N] record indices in the order of `epoch`."""
@@ -44,9 +36,7 @@ class PromptLoader:
         batch = []
         while len(batch) < self.batch_size:
             if self.position == len(self.records):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._epoch_order(self.epoch)
+                self.load_state_dict({"epoch": self.epoch + 1, "position": 0})
             take = min(self.batch_size - len(batch), len(self.records) - self.position)
             batch.extend(self.records[i] for i in self._order[self.position : self.position + take])
             self.position += take

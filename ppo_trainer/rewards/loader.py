@@ -18,40 +18,31 @@ class RewardError(RuntimeError):
 
 
 def load_reward_fn(cfg: RewardConfig) -> RewardFn:
-    """Import `cfg.fn` ("module:function") and return it as `fn(response, ground_truth) -> float`.
-
-    The built-in `ppo_trainer.rewards.math:score` gets `cfg.mode`, `cfg.format_score` and
-    `cfg.correct_score` bound. A user function is called with (response, ground_truth) only: the
-    response text and the dataset's ground-truth string; those three keys do not reach it.
-    Raises ConfigError (one line naming `reward.fn`) if the module or function does not exist.
-    """
+    """`cfg.fn` ("module:function") imported, as `fn(response, ground_truth) -> float`; ConfigError
+    naming `reward.fn` if the module or function does not exist. The built-in
+    `ppo_trainer.rewards.math:score` gets `cfg.mode`, `cfg.format_score` and `cfg.correct_score`
+    bound; a user function gets (response, ground_truth) only."""
     module_name, sep, fn_name = cfg.fn.partition(":")
     if not sep or not module_name or not fn_name:
         raise ConfigError(f"'reward.fn' is {cfg.fn!r}; expected 'module:function', e.g. ppo_trainer.rewards.math:score")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        raise ConfigError(
-            f"'reward.fn' is {cfg.fn!r}, but module '{e.name}' cannot be imported; install it or put it on PYTHONPATH"
-        ) from None
+        raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but module '{e.name}' cannot be imported; "
+                          "install it or put it on PYTHONPATH") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but module '{module_name}' has no function '{fn_name}'")
     if fn is math_reward.score:
-        return functools.partial(
-            math_reward.score, mode=cfg.mode, format_score=cfg.format_score, correct_score=cfg.correct_score
-        )
+        return functools.partial(fn, mode=cfg.mode, format_score=cfg.format_score, correct_score=cfg.correct_score)
     return fn
 
 
-def score_all(
-    reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str], on_error: str = "raise"
-) -> tuple[list[float], int]:
-    """Scores [B] of `responses` against `ground_truths`, and the number of failed calls.
-
-    on_error: "raise" re-raises the first failure (an exception or a non-finite/non-number
-    result) naming the row; "zero" scores that row 0.0 and counts it.
-    """
+def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str],
+              on_error: str = "raise") -> tuple[list[float], int]:
+    """Scores [B] of `responses` against `ground_truths`, and the number of failed calls. on_error
+    "raise" re-raises the first failure (an exception or a non-finite/non-number result) naming
+    the row; "zero" scores that row 0.0 and counts it."""
     if len(responses) != len(ground_truths):
         raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
     scores, errors = [], 0
@@ -64,10 +55,9 @@ def score_all(
         except Exception as e:
             if on_error != "zero":
                 shown = response if len(response) <= 300 else response[:300] + "..."
-                raise RewardError(
-                    f"reward function failed on row {row} (ground truth {truth!r}, response {shown!r}): "
-                    f"{type(e).__name__}: {e}; fix it or set reward.on_error=zero to score such rows 0"
-                ) from e
+                raise RewardError(f"reward function failed on row {row} (ground truth {truth!r}, response "
+                                  f"{shown!r}): {type(e).__name__}: {e}; fix it or set reward.on_error=zero to score "
+                                  "such rows 0") from e
             scores.append(0.0)
             errors += 1
     return scores, errors

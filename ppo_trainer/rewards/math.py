@@ -1,9 +1,9 @@
-"""Rule-based scoring of math answers: strict ("#### N") and flexible (last number in the text).
+"""Rule-based scoring of math answers: strict ("#### N") and flexible (the last number in the text).
 
-A number is an optional minus sign, an optional "$", digits (commas only as thousands separators,
-so "1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as "-1250.50". A minus directly after a letter, digit
-or closing bracket is a subtraction ("5-3"), not a sign. Answers compare as decimal numbers, so
-"3.0" equals "3" and "1,000" equals "1000".
+A number is an optional minus sign, an optional "$", digits (commas only as thousands separators:
+"1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as "-1250.50". A minus
+right after a letter, digit or closing bracket is a subtraction ("5-3"). Answers compare as
+decimal numbers: "3.0" equals "3".
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ def _canonical(match: re.Match[str]) -> str:
 
 
 def extract_strict(text: str) -> Optional[str]:
-    """The number right after the last "####" (commas and "$" stripped), or None.
-
-    Only the last marker counts: "#### 5 ... #### none" has no strict answer.
-    """
-    head, marker, tail = text.rpartition(ANSWER_MARKER)
+    """The number right after the last "####" (commas and "$" stripped), or None; only the last
+    marker counts: "#### 5 ... #### none" has no strict answer."""
+    _, marker, tail = text.rpartition(ANSWER_MARKER)
     if not marker:
         return None
     match = _STRICT_RE.match(tail)
@@ -43,43 +41,29 @@ def extract_flexible(text: str) -> Optional[str]:
     return _canonical(last) if last else None
 
 
-def to_decimal(text: str) -> Optional[Decimal]:
-    """`text` as a Decimal after stripping spaces, commas and "$"; None if it is not a number."""
-    cleaned = text.strip().replace(",", "").replace("$", "")
-    try:
-        value = Decimal(cleaned)
-    except InvalidOperation:
-        return None
-    return value if value.is_finite() else None
+EXTRACTORS = {"strict": extract_strict, "flexible": extract_flexible}  # reward.mode -> its answer
 
 
 def answers_equal(answer: str, ground_truth: str) -> bool:
-    """Numeric equality when both parse as numbers ("3.0" == "3"), else exact match of the stripped text."""
-    a, b = to_decimal(answer), to_decimal(ground_truth)
-    if a is None or b is None:
-        return answer.strip() == ground_truth.strip()
-    return a == b
+    """Numeric equality when both parse as finite numbers once spaces, commas and "$" are stripped
+    ("3.0" == "3"), else exact match of the stripped text."""
+    try:
+        a, b = (Decimal(text.strip().replace(",", "").replace("$", "")) for text in (answer, ground_truth))
+        if a.is_finite() and b.is_finite():
+            return a == b
+    except InvalidOperation:
+        pass
+    return answer.strip() == ground_truth.strip()
 
 
-def score(
-    response: str,
-    ground_truth: str,
-    *,
-    mode: str = "strict",
-    format_score: float = 0.0,
-    correct_score: float = 1.0,
-) -> float:
-    """Reward of one response: `correct_score` if its answer equals `ground_truth`,
-    `format_score` if an answer is found but differs, 0.0 if none is found.
-
-    mode: "strict" reads the number after the last "####"; "flexible" the last number in the text.
-    """
-    if mode == "strict":
-        answer = extract_strict(response)
-    elif mode == "flexible":
-        answer = extract_flexible(response)
-    else:
+def score(response: str, ground_truth: str, *, mode: str = "strict", format_score: float = 0.0,
+          correct_score: float = 1.0) -> float:
+    """Reward of one response: `correct_score` if its answer (mode "strict": the number after the
+    last "####"; "flexible": the last number in the text) equals `ground_truth`, `format_score` if
+    it differs, 0.0 if there is none."""
+    if mode not in EXTRACTORS:
         raise ValueError(f"reward mode {mode!r} is unknown; use 'strict' or 'flexible'")
+    answer = EXTRACTORS[mode](response)
     if answer is None:
         return 0.0
     return correct_score if answers_equal(answer, ground_truth) else format_score

@@ -1,4 +1,4 @@
-"""The digit tasks of the tiny model (data.source=digits): rows, splits, reward, config checks."""
+"""The digit tasks of the tiny model (data.source=digits): rows, splits, config checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from ppo_trainer.config import ConfigError, DigitsConfig
 from ppo_trainer.data.arithmetic import in_val_pool
-from ppo_trainer.data.digits import generate_rows, score
+from ppo_trainer.data.digits import generate_rows
 
 
 def _sum(question: str) -> int:
@@ -45,15 +45,6 @@ def test_too_few_held_out_strings_is_an_error_naming_the_keys() -> None:
     # 108 of the 1000 three-digit strings are in the validation pool
     with pytest.raises(ValueError, match="only 108 distinct held-out strings of 3 digits .*data.digits.val_size"):
         generate_rows(DigitsConfig(task="reverse", length=3, val_size=200), "val")
-
-
-@pytest.mark.parametrize(
-    ("response", "truth", "expected"),
-    [("321", "321", 1.0), ("321xy", "321", 1.0), (" 7\n", "7", 1.0), ("32", "321", 0.0), ("x321", "321", 0.0),
-     ("021", "21", 0.0), ("", "7", 0.0), ("9", "", 0.0)],
-)
-def test_score_is_one_when_the_response_begins_with_the_answer(response: str, truth: str, expected: float) -> None:
-    assert score(response, truth) == expected
 
 
 @pytest.mark.parametrize(

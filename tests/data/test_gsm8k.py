@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ppo_trainer.config import DataConfig
-from ppo_trainer.data.gsm8k import format_prompt, ground_truth, user_message
+from ppo_trainer.data.datasets import format_prompt, ground_truth, user_message
 from ppo_trainer.models.loading import load_tokenizer
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.data.gsm8k import ground_truth
+from ppo_trainer.data.datasets import ground_truth
 from ppo_trainer.rewards.math import answers_equal, extract_flexible, extract_strict, score
 
 STRICT_CASES = [

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ppo_trainer.config import ConfigError, RewardConfig
-from ppo_trainer.rewards import load_reward_fn, score_all
+from ppo_trainer.rewards.loader import load_reward_fn, score_all
 
 
 def test_builtin_score_gets_mode_and_scores_bound() -> None:

@@ -9,14 +9,11 @@ import json
 import pytest
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import EvalConfig
 from ppo_trainer.data.datasets import PromptRecord
 from ppo_trainer.config import ConfigError
-from ppo_trainer.evaluate import evaluate, evaluate_records, format_results, run_eval, wilson_interval
+from ppo_trainer.evaluate import evaluate_records, format_results, run_eval, wilson_interval
 from ppo_trainer.rewards import math as math_reward
 from ppo_trainer.rollout.base import assemble_rollout, prompt_token_lists
-
-from .conftest import sampler_config
 
 REWARD = functools.partial(math_reward.score, mode="strict", format_score=0.1)
 
@@ -64,29 +61,13 @@ def test_evaluate_records_scores_greedy_responses_and_writes_one_row_per_prompt(
     assert rows[3]["correct"] is True
 
 
-def test_evaluate_with_the_hf_sampler_respects_limit_and_max_new_tokens(tiny_model_dir, tokenizer, tmp_path):
-    questions = ["What is 2 + 3?", "Hi there", "1 + 1 = ?"]
-    recs = [
-        PromptRecord(i, q, q, tuple(tokenizer.apply_chat_template([{"role": "user", "content": q}],
-                                                                  add_generation_prompt=True, return_dict=False)), "5")
-        for i, q in enumerate(questions)
-    ]
-    out = tmp_path / "eval.jsonl"
-    result = evaluate(tiny_model_dir, recs, sampler_config(), EvalConfig(limit=2, max_new_tokens=5, batch_size=2),
-                      REWARD, dtype="float32", engine="hf", output_file=out)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert result["num_examples"] == 2 and len(rows) == 2
-    assert result["accuracy"] == 0.0  # a random model does not answer "#### 5"
-    assert all(len(r["response"]) <= 5 for r in rows)  # one character per token
-
-
 def test_evaluate_records_takes_the_first_limit_records():
     sampler = ScriptedSampler(["#### 0", "#### 10", "#### 20"])
     result = evaluate_records(sampler.generate, records(3), REWARD, pad_id=0, limit=2)
     assert result["num_examples"] == 2 and result["accuracy"] == 1.0
 
 
-def test_run_eval_reads_the_validation_split_and_writes_the_default_output_file(tiny_model_dir, tmp_path, monkeypatch,
+def test_run_eval_with_the_hf_sampler_reads_the_validation_split_within_limit_and_max_new_tokens(tiny_model_dir, tmp_path, monkeypatch,
                                                                                  capsys):
     import ppo_trainer.rollout.vllm as vllm_module
 
@@ -94,7 +75,9 @@ def test_run_eval_reads_the_validation_split_and_writes_the_default_output_file(
     (result,) = run_eval([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3",
                           "eval.max_new_tokens=4", f"trainer.output_dir={tmp_path}"])
     assert result["num_examples"] == 3 and result["step"] is None
-    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 3
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and result["accuracy"] == 0.0  # a random model does not answer "#### N"
+    assert all(len(r["response"]) <= 4 for r in rows)  # eval.max_new_tokens, one character per token
     assert "ppo-eval: accuracy 0.0000 (95% CI 0.000-0.561) on 3 problems" in capsys.readouterr().out
 
 
