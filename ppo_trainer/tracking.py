@@ -73,17 +73,15 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1)
-    terminal_err = os.fdopen(os.dup(saved_err), "w", buffering=1)
+    saved = [os.dup(1), os.dup(2)]
+    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in saved)
     handler = logging.StreamHandler(terminal_err)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    ours = logging.getLogger("ppo_trainer")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    for fd in (1, 2):
+        os.dup2(log_fd, fd)
     os.close(log_fd)
-    ours.addHandler(handler)
+    logging.getLogger("ppo_trainer").addHandler(handler)
     _console = terminal
     try:
         yield
@@ -91,11 +89,10 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
         sys.stdout.flush()
         sys.stderr.flush()
         _console = None
-        ours.removeHandler(handler)
-        os.dup2(saved_out, 1)
-        os.dup2(saved_err, 2)
-        for fd in (saved_out, saved_err):
-            os.close(fd)
+        logging.getLogger("ppo_trainer").removeHandler(handler)
+        for fd, saved_fd in zip((1, 2), saved):
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
         terminal.close()
         terminal_err.close()
         if log_path.is_file() and log_path.stat().st_size == 0:
