@@ -8,6 +8,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 
+def _response() -> Any:
+    """A [B, T] field: its columns are the response block's."""
+    return field(default=None, metadata={"block": "response"})
+
+
 @dataclass
 class Batch:
     """One step's sequences. Rows are sequences; a prompt's `n` samples are adjacent.
@@ -27,28 +32,28 @@ class Batch:
     | rollout_weights | [B, T]    | rollout correction weights on the policy loss (None: off)      |
     | values          | [B, T]    | V(s_t): the critic's value of the state before token t         |
     | scores          | [B]       | the reward function's score of each response                   |
-    | token_rewards   | [B, T]    | score on the last response token minus the per-token KL term   |
     | advantages      | [B, T]    | GAE advantages (whitened if gae.normalize_advantages)          |
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
 
     Non-tensor fields are per-row lists: `prompt_text`, `response_text`, `ground_truth`,
-    `prompt_index` (row of the source dataset). Fields not yet computed are None.
+    `prompt_index` (row of the source dataset). Fields not yet computed are None. Each [B, P+T]
+    or [B, T] field names its column block in its metadata, which `trim_padding` and `concat`'s
+    padding follow.
     """
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    response_mask: Optional[torch.Tensor] = None
-    sample_logprobs: Optional[torch.Tensor] = None
-    old_logprobs: Optional[torch.Tensor] = None
-    ref_logprobs: Optional[torch.Tensor] = None
-    rollout_weights: Optional[torch.Tensor] = None
-    values: Optional[torch.Tensor] = None
+    input_ids: torch.Tensor = field(metadata={"block": "full", "pad": "pad_id"})
+    attention_mask: torch.Tensor = field(metadata={"block": "full"})
+    position_ids: torch.Tensor = field(metadata={"block": "full", "pad": "positions"})
+    response_mask: Optional[torch.Tensor] = _response()
+    sample_logprobs: Optional[torch.Tensor] = _response()
+    old_logprobs: Optional[torch.Tensor] = _response()
+    ref_logprobs: Optional[torch.Tensor] = _response()
+    rollout_weights: Optional[torch.Tensor] = _response()
+    values: Optional[torch.Tensor] = _response()
     scores: Optional[torch.Tensor] = None
-    token_rewards: Optional[torch.Tensor] = None
-    advantages: Optional[torch.Tensor] = None
-    returns: Optional[torch.Tensor] = None
+    advantages: Optional[torch.Tensor] = _response()
+    returns: Optional[torch.Tensor] = _response()
     truncated: Optional[torch.Tensor] = None
     prompt_text: Optional[list[str]] = None
     response_text: Optional[list[str]] = None
@@ -78,8 +83,71 @@ class Batch:
         """[B] real (unpadded) tokens per row: prompt plus response."""
         return self.attention_mask.sum(dim=1)
 
+    def require(self, *names: str, user: str) -> None:
+        """Raise naming the first of the fields `names` that is not computed yet; `user` needs it."""
+        for name in names:
+            if getattr(self, name) is None:
+                raise ValueError(f"batch.{name} is None; {user} needs it (compute it first)")
+
     def _row_fields(self) -> list[str]:
         return [f.name for f in fields(self) if f.name != "meta" and getattr(self, f.name) is not None]
+
+    def _blocks(self) -> dict[str, dict]:
+        """Set fields with a column block -> their metadata (block "full" or "response", pad)."""
+        return {f.name: f.metadata for f in fields(self) if "block" in f.metadata and getattr(self, f.name) is not None}
+
+    def row_extents(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B] prompt lengths (real tokens of the left-padded prompt block) and [B] response
+        lengths (up to the last real token of the right-padded response block)."""
+        P, T = self.prompt_length, self.response_length
+        prompt_lens = ((self.attention_mask[:, :P] != 0) * torch.arange(P, 0, -1)).amax(dim=1)
+        response_real = self.attention_mask[:, P:] != 0
+        if self.response_mask is not None:
+            response_real = response_real | (self.response_mask != 0)
+        if T == 0:
+            return prompt_lens, torch.zeros_like(prompt_lens)
+        return prompt_lens, (response_real * torch.arange(1, T + 1)).amax(dim=1)
+
+    def trim_padding(self) -> "Batch":
+        """The same rows without the prompt columns that are padding in every row (on the left)
+        and the response columns that are padding in every row (on the right; at least one of
+        each is kept). The prompt/response boundary stays the boundary; position_ids travel with
+        their tokens."""
+        P, T = self.prompt_length, self.response_length
+        prompt_lens, response_lens = self.row_extents()
+        keep_p = max(1, int(prompt_lens.max()))
+        keep_t = max(1, int(response_lens.max())) if T > 0 else 0
+        cols = {"full": slice(P - keep_p, P + keep_t), "response": slice(0, keep_t)}
+        return self.with_fields(**{n: getattr(self, n)[:, cols[m["block"]]] for n, m in self._blocks().items()})
+
+    def pad_responses(self, width: int) -> "Batch":
+        """The response block right-padded to `width` columns: pad id in input_ids, positions
+        counting on in position_ids, 0 elsewhere."""
+        extra = width - self.response_length
+        if extra == 0:
+            return self
+        out = {}
+        for name, meta in self._blocks().items():
+            value = getattr(self, name)
+            if meta.get("pad") == "positions":
+                out[name] = torch.cat([value, value[:, -1:] + torch.arange(1, extra + 1)], dim=1)
+            else:
+                fill = self.meta.get("pad_token_id", 0) if meta.get("pad") == "pad_id" else 0
+                out[name] = torch.nn.functional.pad(value, (0, extra), value=fill)
+        return self.with_fields(**out)
+
+    def deal(self, parts: int) -> list[list[int]]:
+        """Row indices in `parts` shares of near-equal real tokens: longest rows first, each to the
+        share with the fewest tokens so far (ties: fewer rows, then the lower share); each share
+        ascending. Deterministic, so every rank computes the same split."""
+        tokens = self.num_tokens().tolist()
+        load = [0] * parts
+        shares: list[list[int]] = [[] for _ in range(parts)]
+        for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
+            target = min(range(parts), key=lambda k: (load[k], len(shares[k])))
+            shares[target].append(i)
+            load[target] += tokens[i]
+        return [sorted(s) for s in shares]
 
     def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
         """Rows `index`, in that order (tensor fields and per-row lists alike)."""
@@ -90,21 +158,14 @@ class Batch:
             out[name] = value[idx] if isinstance(value, torch.Tensor) else [value[i] for i in idx.tolist()]
         return replace(self, **out, meta=dict(self.meta))
 
-    def split(self, sizes: int | Sequence[int]) -> list["Batch"]:
-        """Consecutive chunks: of `sizes` rows each (int; the last may be smaller) or of the given sizes."""
-        if isinstance(sizes, int):
-            sizes = [min(sizes, len(self) - start) for start in range(0, len(self), sizes)]
-        if sum(sizes) != len(self):
-            raise ValueError(f"split sizes {list(sizes)} do not add up to the batch size {len(self)}")
-        chunks, start = [], 0
-        for size in sizes:
-            chunks.append(self.select(range(start, start + size)))
-            start += size
-        return chunks
-
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
-        """Rows of all batches, in order. Widths must agree (pad before concatenating)."""
+        """Rows of all batches, in order; response blocks are right-padded to the widest
+        (`pad_responses`). Prompt blocks must have one width (pad prompts once, then split)."""
+        if len({b.prompt_length for b in batches}) != 1:
+            raise ValueError("batches with different prompt widths; prompts must be padded once before splitting")
+        width = max(b.response_length for b in batches)
+        batches = [b.pad_responses(width) for b in batches]
         first = batches[0]
         out = {}
         for name in first._row_fields():

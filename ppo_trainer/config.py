@@ -14,6 +14,9 @@ from typing import Any, Optional, get_origin, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from ppo_trainer.core import choices
+
+
 class ConfigError(ValueError):
     """A config problem the user must fix; the message is one line naming the key."""
 
@@ -424,12 +427,12 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _one_of(cfg, "model.optim.schedule", ("constant", "cosine"))
     _one_of(cfg, "critic.schedule", ("constant", "cosine"))
     _one_of(cfg, "sampler.name", ("hf", "vllm"))
-    _one_of(cfg, "gae.kl_penalty", ("k1", "abs", "k2", "k3"))
-    _one_of(cfg, "gae.kl_ctrl", ("fixed", "adaptive"))
-    _one_of(cfg, "gae.lam_mode", ("fixed", "adaptive"))
-    _one_of(cfg, "algorithm.rollout_correction", ("none", "tis", "mis"))
-    _one_of(cfg, "algorithm.loss_agg_mode", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
-    _one_of(cfg, "algorithm.kl_loss_type", ("k1", "abs", "k2", "k3"))
+    _one_of(cfg, "gae.kl_penalty", choices.KL_KINDS)
+    _one_of(cfg, "gae.kl_ctrl", choices.KL_CTRLS)
+    _one_of(cfg, "gae.lam_mode", choices.LAM_MODES)
+    _one_of(cfg, "algorithm.rollout_correction", choices.ROLLOUT_CORRECTIONS)
+    _one_of(cfg, "algorithm.loss_agg_mode", choices.AGG_MODES)
+    _one_of(cfg, "algorithm.kl_loss_type", choices.KL_KINDS)
     _one_of(cfg, "devices.backend", ("local", "ray"))
     _one_of(cfg, "devices.accelerator", ("cpu", "cuda", "npu", "auto"))
     _one_of(cfg, "data.bad_rows", ("error", "skip"))

@@ -1,13 +1,13 @@
 """The PPO loop: `Trainer.from_config(cfg)` builds data, reward and the three role groups;
-`Trainer.fit()` runs, per step (DESIGN.md, "One PPO step"):
+`Trainer.fit()` runs, per step:
 
-    generate -> reward -> old logprobs -> reference logprobs -> values -> GAE
-    -> critic update -> actor update (after critic_warmup) -> weight sync -> metrics,
-    validation every trainer.val_every steps, checkpoint every trainer.save_every steps, and
+    generate -> reward -> old logprobs (+ rollout correction) -> reference logprobs -> values
+    -> advantages -> critic update -> actor update (after critic_warmup) -> weight sync,
+    validation every trainer.val_every steps, checkpoint every trainer.save_every steps and
     whenever a validation improves trainer.objective (checkpoints/best names that step).
 
-The driver holds no model: it moves `Batch`es between worker groups and does the pure
-advantage math of `ppo_trainer.core` itself.
+The driver holds no model: it moves `Batch`es between worker groups and calls `ppo_trainer.core`
+for the algorithm's math.
 """
 
 from __future__ import annotations
@@ -27,21 +27,15 @@ from omegaconf import DictConfig, OmegaConf
 from ppo_trainer import checkpoint
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import ConfigError, kl_in_reward, uses_reference
-from ppo_trainer.core import (
-    AdaptiveKL,
-    FixedKL,
-    adaptive_lambda,
-    compute_gae,
-    explained_variance,
-    masked_mean,
-    masked_whiten,
-    rollout_weights,
-    token_rewards,
-)
+from ppo_trainer.core import advantages
+from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
+from ppo_trainer.core.masked import masked_mean
+from ppo_trainer.core.metrics import logprob_gap_metrics
+from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import evaluate_records
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
-from ppo_trainer.rollout.base import logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.rollout.base import prompts_to_batch
 from ppo_trainer.tracking import Tracker, console_stream, mask_secrets, run_summary
 from ppo_trainer.workers.group import WorkerGroup
 
@@ -172,12 +166,11 @@ class Trainer:
         direction of trainer.objective_direction; NaN and missing values never do."""
         if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
-        best = None if self.best is None else self.best["value"]
         maximize = self.cfg.trainer.objective_direction == "maximize"
-        if best is not None and not (value > best if maximize else value < best):
-            return False
-        self.best = {"step": self.step, "value": float(value)}
-        return True
+        better = self.best is None or (value > self.best["value"] if maximize else value < self.best["value"])
+        if better:
+            self.best = {"step": self.step, "value": float(value)}
+        return better
 
     def summary(self, first_step: int, seconds: float, objective: Optional[float],
                 objective_step: Optional[int]) -> str:
@@ -265,60 +258,20 @@ class Trainer:
         return metrics
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """Token rewards (score minus the KL penalty, when the KL is in the reward), GAE, optional
-        whitening; the KL controller steps on this batch's mean per-sequence KL."""
-        g, mask = self.cfg.gae, batch.response_mask
+        """The batch with advantages and returns (`core.advantages.compute`), and their metrics;
+        the KL controller steps on this batch's mean per-sequence KL."""
         kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
-        rewards, kl = token_rewards(batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, kl_coef, g.kl_penalty)
-        advantages, returns, lam_metrics = self.gae(rewards, batch, step)
-        if g.normalize_advantages:
-            advantages = masked_whiten(advantages, mask)
-        sequence_kl = (kl * mask).sum(dim=1).mean().item()
-        self.kl_ctrl.update(sequence_kl, len(batch))
-        lengths = mask.sum(dim=1).float()
-        metrics = {
-            "critic/score/mean": batch.scores.mean().item(),
-            "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),
-            "critic/advantages/mean": masked_mean(advantages, mask).item(),
-            "critic/returns/mean": masked_mean(returns, mask).item(),
-            "critic/values/mean": masked_mean(batch.values, mask).item(),
-            "critic/vf_explained_var": explained_variance(batch.values, returns, mask).item(),
-            "actor/reward_kl_penalty": masked_mean(kl, mask).item(),
-            "actor/kl_coef": kl_coef,
-            "response_length/mean": lengths.mean().item(),
-            "response_length/clip_ratio": batch.truncated.float().mean().item(),
-        }
-        metrics.update(lam_metrics)
-        return batch.with_fields(token_rewards=rewards, advantages=advantages, returns=returns), metrics
-
-    def gae(self, rewards: torch.Tensor, batch: Batch, step: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """GAE with one lambda per learner (VC-PPO): the policy's advantages [B, T] with gae.lam, or
-        per sequence with gae.lam_mode=adaptive (VAPO); the critic's returns [B, T] with
-        gae.critic_lam (default gae.lam).
-
-        During the algorithm.critic_warmup steps the critic learns lambda-1 (Monte Carlo) returns,
-        which do not lean on its own untrained values, of the initial policy's rollouts (the actor
-        is not updated yet). critic/warmup_vf_explained_var_before (step 1) and _after (the first
-        step after the warm-up: fresh rollouts, still of the initial policy) measure the critic
-        against those returns."""
-        g, mask, warmup = self.cfg.gae, batch.response_mask, self.cfg.algorithm.critic_warmup
-        lam = adaptive_lambda(mask, g.adaptive_alpha) if g.lam_mode == "adaptive" else g.lam
-        critic_lam = 1.0 if step <= warmup else (g.lam if g.critic_lam is None else g.critic_lam)
-        advantages, returns = compute_gae(rewards, batch.values, mask, g.gamma, lam)
-        if g.lam_mode == "adaptive" or critic_lam != lam:
-            returns = compute_gae(rewards, batch.values, mask, g.gamma, critic_lam)[1]
-        metrics = {}
-        if warmup and step in (1, warmup + 1):
-            monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, batch.values, mask, g.gamma, 1.0)[1]
-            phase = "before" if step == 1 else "after"
-            explained = explained_variance(batch.values, monte_carlo, mask).item()
-            metrics[f"critic/warmup_vf_explained_var_{phase}"] = explained
-        return advantages, returns, metrics
+        out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
+                                 batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
+                                 critic_warmup=self.cfg.algorithm.critic_warmup)
+        self.kl_ctrl.update(out.sequence_kl, len(batch))
+        metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
+                   "response_length/clip_ratio": batch.truncated.float().mean().item()}
+        return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
     def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The batch with rollout_weights (algorithm.rollout_correction; None for none), computed
-        once per step from the recomputed old logprobs and the sampler's, and the rollout_corr/*
-        diagnostics (core.rollout_correction.rollout_weights)."""
+        """The batch with rollout_weights (`core.rollout_correction`; None for
+        algorithm.rollout_correction=none) and the rollout_corr/* diagnostics."""
         a = self.cfg.algorithm
         weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
                                          a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
@@ -379,10 +332,9 @@ class Trainer:
         return folder
 
     def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any]) -> None:
-        """Continue exactly from a checkpoint folder: models, optimizers, schedules, data
-        position, KL controller, non-finite streak, the RNG states of the driver and of every
-        worker (`state`, `rng`: its checked trainer state); then the rollout engine gets the
-        restored weights."""
+        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state):
+        models, optimizers, schedules, data position, KL controller, non-finite streak, every
+        RNG state; then the rollout engine gets the restored weights."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])

@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from ppo_trainer.core import compute_gae, masked_whiten, policy_loss, value_loss
+from ppo_trainer.core.gae import compute_gae
+from ppo_trainer.core.losses import policy_loss, value_loss
+from ppo_trainer.core.masked import masked_whiten
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:

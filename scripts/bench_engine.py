@@ -88,7 +88,8 @@ def main() -> None:
     logging.disable_progress_bar()
 
     from ppo_trainer.config import AlgorithmConfig, CriticConfig, LoraConfig, ModelConfig, OptimConfig
-    from ppo_trainer.engine import ActorEngine, CriticEngine
+    from ppo_trainer.engine.actor import ActorEngine
+    from ppo_trainer.engine.critic import CriticEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else build_model(Path(tmp), args.hidden, args.layers,

@@ -1,43 +1,21 @@
-"""The PPO algorithm as pure torch functions: no I/O, no distributed state."""
+"""The PPO algorithm as pure torch functions: no I/O, no distributed state. Import from the
+submodules; `choices` is torch-free, so config validation can use it without loading torch.
 
-from ppo_trainer.core.gae import adaptive_lambda, compute_gae, token_rewards
-from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
-from ppo_trainer.core.losses import (
-    AGG_MODES,
-    KL_KINDS,
-    PolicyLossOutput,
-    ValueLossOutput,
-    aggregate,
-    entropy_from_logits,
-    kl_penalty,
-    policy_loss,
-    value_loss,
-)
-from ppo_trainer.core.masked import masked_mean, masked_var, masked_whiten
-from ppo_trainer.core.metrics import approx_kl, clip_fraction, explained_variance, masked_stats
-from ppo_trainer.core.rollout_correction import rollout_weights
+Symbols and shapes of every module here (B sequences, T response tokens; masked positions are
+read only through ``torch.where``, so padding garbage, even inf or NaN, never reaches a result or
+a gradient):
 
-__all__ = [
-    "AGG_MODES",
-    "KL_KINDS",
-    "AdaptiveKL",
-    "FixedKL",
-    "PolicyLossOutput",
-    "ValueLossOutput",
-    "adaptive_lambda",
-    "aggregate",
-    "approx_kl",
-    "clip_fraction",
-    "compute_gae",
-    "entropy_from_logits",
-    "explained_variance",
-    "kl_penalty",
-    "masked_mean",
-    "masked_stats",
-    "masked_var",
-    "masked_whiten",
-    "policy_loss",
-    "rollout_weights",
-    "token_rewards",
-    "value_loss",
-]
+===============  =====  ==============================================================
+scores           [B]    the reward function's score of each whole response
+logprobs         [B,T]  log pi(a_t | s_t) under the policy being optimised
+old_logprobs     [B,T]  the same under the policy at the start of this PPO step
+ref_logprobs     [B,T]  the same under the frozen reference policy
+sample_logprobs  [B,T]  the same under the sampler's policy pi_rollout
+values           [B,T]  V(s_t): the critic's value of the state *before* token t
+old_values       [B,T]  V(s_t) at rollout time
+token_rewards    [B,T]  r_t, reward received for emitting token t
+response_mask    [B,T]  1 on real response tokens (up to and including EOS), 0 on padding
+advantages       [B,T]  GAE advantage A_t (whitened for the policy loss); 0 on padding
+returns          [B,T]  A_t + V(s_t), the critic's target; 0 on padding
+===============  =====  ==============================================================
+"""

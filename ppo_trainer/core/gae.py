@@ -1,54 +1,31 @@
-"""Per-token rewards and Generalized Advantage Estimation (GAE) for right-padded responses.
-
-Symbols and shapes (B sequences, T response tokens):
-
-==============  =====  ======================================================================
-scores          [B]    scalar reward of each whole response (from the reward function)
-old_logprobs    [B,T]  log pi_old(a_t | s_t) of the sampled tokens
-ref_logprobs    [B,T]  log pi_ref(a_t | s_t) of the same tokens
-values          [B,T]  V(s_t): the critic's value of the state *before* token t is generated
-token_rewards   [B,T]  r_t, reward received for emitting token t
-response_mask   [B,T]  1 on real response tokens (up to and including EOS), 0 on padding
-advantages      [B,T]  GAE advantage A_t; 0 on padding
-returns         [B,T]  A_t + V(s_t), the critic's target; 0 on padding
-==============  =====  ======================================================================
+"""Per-token rewards and Generalized Advantage Estimation (GAE) for right-padded responses
+(shapes: see ``ppo_trainer.core``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ppo_trainer.core import losses
-from ppo_trainer.core.masked import masked_whiten
-
-__all__ = ["adaptive_lambda", "compute_gae", "masked_whiten", "token_rewards"]
+from ppo_trainer.core.losses import kl_penalty as kl_estimate
 
 
 @torch.no_grad()
 def token_rewards(
-    scores: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    response_mask: torch.Tensor,
-    kl_coef: float,
-    kl_penalty: str,
+    scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, response_mask: torch.Tensor,
+    kl_coef: float, kl_penalty: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spread a sequence-level score over tokens and subtract a per-token KL penalty.
+    """``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
+    token (the EOS, or the last token of a truncated response); a row without valid tokens gets
+    nothing. ``kl_t = losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty)``;
+    ``ref_logprobs=None`` (no reference: the KL is off) means no penalty.
 
-    ``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
-    token (the EOS, or the last token of a truncated response). ``kl_t`` is
-    ``kl_penalty(old_logprobs, ref_logprobs, kind)`` from ``losses``; ``ref_logprobs=None``
-    (reference model skipped because the KL is off) means no penalty. A row without valid
-    tokens gets no reward at all.
-
-    Shapes: see the module table. Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on
-    padding; the trainer logs ``masked_mean(kl, mask)`` as ``actor/reward_kl_penalty``.
+    Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on padding.
     """
     valid = response_mask.bool()
     if ref_logprobs is None:
         kl = torch.zeros_like(old_logprobs)
     else:
-        kl = torch.where(valid, losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty), 0)
+        kl = torch.where(valid, kl_estimate(old_logprobs, ref_logprobs, kl_penalty), 0)
     rewards = -kl_coef * kl
 
     positions = torch.arange(valid.shape[-1], device=valid.device)
@@ -72,20 +49,17 @@ def _reverse_scan(x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def compute_gae(
-    token_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
+    token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float,
     lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns, vectorised over the batch.
 
     ``delta_t = r_t + gamma * V(s_next) - V(s_t)`` and ``A_t = delta_t + gamma * lam * A_next``,
-    where "next" is the next valid token of the same row. Masked positions are skipped as if
-    they were removed from the row, so any mask works, not only right padding. ``lam`` is one
-    number or a [B] tensor with one lambda per sequence (``adaptive_lambda``).
+    where "next" is the next valid token of the same row: masked positions are skipped as if
+    removed from the row, so any mask works, not only right padding. ``lam`` is one number or a
+    [B] tensor, one lambda per sequence (``adaptive_lambda``).
 
-    Shapes: see the module table. Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
+    Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
     """
     valid = response_mask.bool()
     values = torch.where(valid, values, 0)
@@ -115,18 +89,13 @@ def compute_gae(
 
 
 def adaptive_lambda(response_mask: torch.Tensor, alpha: float) -> torch.Tensor:
-    """VAPO's length-adaptive lambda (Yue et al. 2025): ``clamp(1 - 1 / (alpha * l), 0, 1)`` per
-    sequence, ``l`` its number of valid response tokens.
+    """VAPO's length-adaptive lambda (Yue et al. 2025), [B] float32: ``clamp(1 - 1 / (alpha * l),
+    0, 1)``, ``l`` the row's valid tokens of ``response_mask`` [B, T].
 
-    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the advantage
-    of the first tokens of a long response hardly sees the final score; raising lambda with the
-    length keeps the sum of the GAE weights, 1 / (1 - lambda) = alpha * l, proportional to the
-    length. Rows of at most 1 / alpha tokens (and empty rows) get 0.
-
-    ============== ======
-    response_mask  [B, T]
-    return         [B] float32
-    ============== ======
+    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the first
+    tokens of a long response hardly see the final score; this keeps the sum of the GAE weights,
+    1 / (1 - lambda) = alpha * l, proportional to the length. Rows of at most 1 / alpha tokens
+    (and empty rows) get 0.
     """
     lengths = response_mask.bool().sum(dim=-1).float()
     return torch.clamp(1 - 1 / (alpha * lengths), 0, 1)

@@ -12,7 +12,7 @@ class FixedKL:
         self.value = float(coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """No-op, so trainers can call ``update`` whichever controller they hold."""
+        """Adjust the coefficient after a step that observed mean KL ``current_kl`` over ``n_steps`` samples."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"value": self.value}
@@ -21,28 +21,19 @@ class FixedKL:
         self.value = float(state["value"])
 
 
-class AdaptiveKL:
-    """Steer the KL coefficient so the observed KL tracks ``target`` (Ziegler et al., 2019).
-
-    ``update`` applies ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon``:
-    the coefficient grows when the policy drifts further from the reference than ``target``
-    and shrinks when it stays closer, by at most 20% per ``horizon`` samples.
-    """
+class AdaptiveKL(FixedKL):
+    """Steer the KL coefficient so the observed KL tracks ``target`` (Ziegler et al., 2019):
+    ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon``, i.e. it grows when the
+    policy drifts further from the reference than ``target`` and shrinks when it stays closer,
+    by at most 20% per ``horizon`` samples."""
 
     def __init__(self, init_coef: float, target: float, horizon: float) -> None:
         if target <= 0 or horizon <= 0:
             raise ValueError(f"AdaptiveKL needs target > 0 and horizon > 0, got target={target}, horizon={horizon}")
-        self.value = float(init_coef)
+        super().__init__(init_coef)
         self.target = float(target)
         self.horizon = float(horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """Adjust the coefficient after a step that observed mean KL ``current_kl`` over ``n_steps`` samples."""
         proportional_error = min(max(float(current_kl) / self.target - 1, -0.2), 0.2)
         self.value *= 1 + proportional_error * n_steps / self.horizon
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.value = float(state["value"])

@@ -1,33 +1,16 @@
-"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, entropy, aggregation.
-
-Symbols and shapes (B sequences in the micro-batch, T response tokens, V vocabulary):
-
-==============  =========  ================================================================
-logprobs        [B, T]     log pi(a_t | s_t) under the policy being optimised
-old_logprobs    [B, T]     the same under the policy at the start of this PPO step
-ref_logprobs    [B, T]     the same under the frozen reference policy
-advantages      [B, T]     from ``compute_gae`` (typically whitened)
-values          [B, T]     V(s_t) from the critic being optimised
-old_values      [B, T]     V(s_t) at rollout time
-returns         [B, T]     GAE returns, the value target
-response_mask   [B, T]     1 on real response tokens, 0 on padding (``mask`` in aggregate)
-logits          [..., V]
-==============  =========  ================================================================
-
-Masked positions are replaced by 0 before any arithmetic, so padding garbage (even inf or NaN)
-reaches neither the loss nor a gradient.
+"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, aggregation, and the
+actor's and critic's micro-batch losses built from them (shapes: see ``ppo_trainer.core``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
+from ppo_trainer.core.choices import AGG_MODES, KL_KINDS
 from ppo_trainer.core.metrics import approx_kl, clip_fraction
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_KINDS = ("k1", "abs", "k2", "k3")
 K3_BOUND = 10.0
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 4.9e8: far past any clip, far below float32 overflow (~exp(88))
 
@@ -36,7 +19,6 @@ Count = int | float | torch.Tensor
 
 class PolicyLossOutput(NamedTuple):
     """``loss`` carries the gradient; the rest are detached scalars for logging."""
-
     loss: torch.Tensor
     clipfrac: torch.Tensor  # actor/pg_clipfrac: tokens where the ratio clip was active
     approx_kl: torch.Tensor  # actor/ppo_kl
@@ -45,19 +27,15 @@ class PolicyLossOutput(NamedTuple):
 
 class ValueLossOutput(NamedTuple):
     """``loss`` carries the gradient; ``clipfrac`` (critic/vf_clipfrac) is a detached scalar."""
-
     loss: torch.Tensor
     clipfrac: torch.Tensor
 
 
 def aggregate(
-    loss_mat: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    global_tokens: Count | None = None,
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token losses to a scalar.
+    """Reduce per-token losses ``loss_mat`` [B, T] over ``mask`` [B, T] to a scalar [].
 
     ======================  ===================================================================
     token-mean              sum of valid token losses / global_tokens
@@ -65,18 +43,10 @@ def aggregate(
     seq-mean-token-sum      sum over rows of (row's summed valid token loss) / global_seqs
     ======================  ===================================================================
 
-    The denominators are the token / sequence counts of the whole mini-batch (across
-    micro-batches and ranks), not of this micro-batch: weighting each micro-batch by its own
-    count would make the summed micro-batch losses differ from the full-batch loss whenever
-    micro-batches hold different numbers of tokens. With the global counts, summing the
-    micro-batch losses gives the full-batch loss exactly. ``None`` uses the local count, so one
-    call on the full batch is the reference. Rows without valid tokens contribute 0.
-
-    ============  ==================================================
-    loss_mat      [B, T]
-    mask          [B, T]
-    return        []
-    ============  ==================================================
+    The denominators are the counts of the whole mini-batch (all micro-batches and ranks): with
+    each micro-batch's own count, the summed micro-batch losses would differ from the full-batch
+    loss whenever micro-batches hold different numbers of tokens. ``None`` uses the local count
+    (one call on the full batch is the reference). Rows without valid tokens contribute 0.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
@@ -93,29 +63,17 @@ def aggregate(
 
 
 def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    global_tokens: Count | None = None,
-    global_seqs: Count | None = None,
-    token_weights: torch.Tensor | None = None,
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    clip_low: float, clip_high: float, dual_clip: float | None = None, agg: str = "token-mean",
+    global_tokens: Count | None = None, global_seqs: Count | None = None, token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
-    """Clipped PPO surrogate, to be minimised.
+    """Clipped PPO surrogate, to be minimised, reduced by ``aggregate``.
 
     Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
-    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with A < 0 are
-    additionally capped at ``-c * A``: a very large ratio on a bad action would otherwise give an
-    unbounded loss. ``token_weights`` [B, T] (rollout correction, ``core.rollout_correction``)
-    multiply each token's clipped loss as constants: they are detached, and the denominators of
-    the aggregation stay the token / sequence counts. Reduced by
-    ``aggregate(agg, global_tokens, global_seqs)``.
-
-    Shapes: see the module table; returns a ``PolicyLossOutput`` of scalars.
+    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with
+    A < 0 are also capped at ``-c * A``: a huge ratio on a bad action would otherwise give an
+    unbounded loss. ``token_weights`` [B, T] (``core.rollout_correction``) multiply each token's
+    clipped loss as detached constants; the aggregation's denominators stay the counts.
     """
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
@@ -146,23 +104,15 @@ def policy_loss(
 
 
 def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip: float | None = None,
-    agg: str = "token-mean",
-    global_tokens: Count | None = None,
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
+    clip: float | None = None, agg: str = "token-mean", global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> ValueLossOutput:
-    """Clipped value loss, to be minimised.
+    """Clipped value loss, to be minimised, reduced by ``aggregate``.
 
-    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``, i.e. a token whose
-    prediction already moved more than ``c`` from its rollout-time value toward the target gives
-    no further gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
-    Reduced by ``aggregate(agg, global_tokens, global_seqs)``.
-
-    Shapes: see the module table; returns a ``ValueLossOutput`` of scalars.
+    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``: a token whose
+    prediction already moved more than ``c`` from its rollout-time value gives no further
+    gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
     """
     valid = response_mask.bool()
     values = torch.where(valid, values, 0)
@@ -182,7 +132,8 @@ def value_loss(
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from the log-probabilities of sampled tokens.
+    """Per-token estimate of KL(pi || pi_ref) from the log-probabilities of sampled tokens;
+    ``logprobs``, ``ref_logprobs`` and the result share one shape, typically [B, T].
 
     ======  ===============================================================================
     k1      logp - ref                      (unbiased, high variance, can be negative)
@@ -191,12 +142,6 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     k3      exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]  (unbiased, >= 0,
             low variance)
     ======  ===============================================================================
-
-    ============  =====================
-    logprobs      [B, T] (any shape)
-    ref_logprobs  same shape
-    return        same shape
-    ============  =====================
     """
     diff = logprobs - ref_logprobs
     if kind == "k1":
@@ -213,16 +158,45 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) along the last dimension: logsumexp(z) - sum(p * z).
 
-    Stable for large logits, which stay finite throughout; ``logits`` must be finite
-    (mask out vocabulary entries with a large negative number, not -inf, where 0 * -inf is NaN).
+def actor_loss(
+    logprobs: torch.Tensor, entropy: torch.Tensor | None, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+    response_mask: torch.Tensor, ref_logprobs: torch.Tensor | None, rollout_weights: torch.Tensor | None,
+    algorithm: Any, global_tokens: Count, global_seqs: Count,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's share of the actor's mini-batch loss: the clipped policy loss (weighted by
+    ``rollout_weights``), minus entropy_coef x entropy when ``entropy`` [B, T] is given, plus
+    kl_loss_coef x KL to the reference with use_kl_loss, aggregated with the mini-batch's global
+    counts. ``algorithm``: the ``algorithm`` config section.
 
-    ============  =========
-    logits        [..., V]
-    return        [...]
-    ============  =========
+    Returns the loss and detached shares (summing over micro-batches to the mini-batch value) of
+    pg_loss, pg_clipfrac, ppo_kl, and of update_entropy and kl_loss when their term is on.
     """
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    a, mask = algorithm, response_mask
+    norm = {"global_tokens": global_tokens, "global_seqs": global_seqs}
+    pg = policy_loss(logprobs, old_logprobs, advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.dual_clip,
+                     a.loss_agg_mode, **norm, token_weights=rollout_weights)
+    share = mask.sum() / global_tokens  # this micro-batch's part of the mini-batch's tokens
+    loss = pg.loss
+    stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
+    if entropy is not None:
+        loss = loss - a.entropy_coef * aggregate(entropy, mask, a.loss_agg_mode, **norm)
+        # the entropy of the policy being updated; actor/entropy (the trainer's old-logprob pass)
+        # stays the entropy of the policy that sampled
+        stats["update_entropy"] = aggregate(entropy.detach(), mask, "token-mean", global_tokens=global_tokens)
+    if a.use_kl_loss:
+        kl = aggregate(kl_penalty(logprobs, ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
+        loss = loss + a.kl_loss_coef * kl
+        stats["kl_loss"] = kl.detach()
+    return loss, stats
+
+
+def critic_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
+    clip: float | None, agg: str, global_tokens: Count, global_seqs: Count,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's share of the critic's mini-batch value loss (``value_loss`` with the
+    global counts) and detached shares of vf_loss and vf_clipfrac."""
+    out = value_loss(values, old_values, returns, response_mask, clip, agg, global_tokens, global_seqs)
+    share = response_mask.sum() / global_tokens
+    return out.loss, {"vf_loss": out.loss.detach(), "vf_clipfrac": out.clipfrac * share}

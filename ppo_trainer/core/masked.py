@@ -1,10 +1,5 @@
-"""Reductions over the valid (mask == 1) elements of a tensor.
-
-Every function reads masked positions only through ``torch.where``, so whatever they hold
-(padding garbage, inf, NaN) never reaches a result or a gradient.
-
-Shapes: ``x`` and ``mask`` share one shape, typically [B, T]; ``mask`` may be bool, int or float
-(nonzero = valid).
+"""Reductions over the valid (mask nonzero) elements of a tensor. ``x`` and ``mask`` share one
+shape, typically [B, T]; ``mask`` may be bool, int or float.
 """
 
 from __future__ import annotations
@@ -15,13 +10,7 @@ WHITEN_EPS = 1e-8
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``x`` over valid elements; 0 where there is no valid element.
-
-    ============  ==========================================
-    x, mask       [B, T] (any shape, the same for both)
-    return        [] when ``dim`` is None, else ``x`` reduced along ``dim``
-    ============  ==========================================
-    """
+    """Mean of ``x`` over valid elements, [] (or reduced along ``dim``); 0 where none is valid."""
     valid = mask.bool()
     total = torch.where(valid, x, 0).sum() if dim is None else torch.where(valid, x, 0).sum(dim)
     count = valid.sum() if dim is None else valid.sum(dim)
@@ -29,15 +18,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance of ``x`` over all valid elements (Bessel-corrected when ``unbiased``).
-
-    Returns 0 when there are too few valid elements to define it (0, or 1 if unbiased).
-
-    ============  =====================
-    x, mask       [B, T] (any shape)
-    return        []
-    ============  =====================
-    """
+    """Variance [] of ``x`` over all valid elements (Bessel-corrected when ``unbiased``); 0 when
+    too few elements define it."""
     valid = mask.bool()
     centered = torch.where(valid, x - masked_mean(x, valid), 0)
     count = valid.sum()
@@ -46,20 +28,8 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return centered.square().sum() / count.clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """Normalise ``x`` to unit variance over valid elements; masked positions come out 0.
-
-    With ``shift_mean`` the result also has mean 0; without it the original mean is kept
-    (only the scale changes).
-
-    ============  =====================
-    x, mask       [B, T] (any shape)
-    return        [B, T]
-    ============  =====================
-    """
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` shifted to mean 0 and scaled to unit variance over valid elements; 0 where masked."""
     valid = mask.bool()
-    mean = masked_mean(x, valid)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, valid) + WHITEN_EPS)
-    if not shift_mean:
-        whitened = whitened + mean
+    whitened = (x - masked_mean(x, valid)) * torch.rsqrt(masked_var(x, valid) + WHITEN_EPS)
     return torch.where(valid, whitened, 0)

@@ -1,7 +1,7 @@
-"""Diagnostics that tell whether PPO is healthy: explained variance, clip fractions, approx KL.
+"""Diagnostics that tell whether PPO is healthy: explained variance, clip fractions, approx KL,
+the sampler-trainer logprob gap.
 
-All results are detached scalars computed over valid tokens only (``mask`` nonzero).
-Shapes: ``values``, ``returns``, ``logprobs``, ``mask`` are [B, T].
+All are detached scalars over valid tokens only (``mask`` nonzero); every input is [B, T].
 """
 
 from __future__ import annotations
@@ -21,13 +21,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     A + V that are 0 in exact arithmetic (every score 0, gamma = lam = 1) come out of the GAE
     sums as noise of about eps x T x |V|, whose tiny variance would otherwise make the ratio
     explode (about -1e15 on such a batch of the tiny model).
-
-    ============  =====
-    values        [B, T]
-    returns       [B, T]
-    mask          [B, T]
-    return        []
-    ============  =====
     """
     var_returns = masked_var(returns, mask)
     var_residual = masked_var(returns - values, mask)
@@ -39,47 +32,23 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 @torch.no_grad()
 def clip_fraction(clipped: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Share of valid tokens on which a clip bound was active (their gradient is cut).
-
-    ============  ============================
-    clipped       [B, T] bool
-    mask          [B, T]
-    return        []
-    ============  ============================
-    """
+    """Share of valid tokens on which a clip bound was active (``clipped``, bool; their gradient is cut)."""
     return masked_mean(clipped.float(), mask)
 
 
 @torch.no_grad()
 def approx_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """KL(old || new) estimated as the mean of ``old_logprobs - logprobs`` (logged as actor/ppo_kl).
-
-    ============  =====
-    logprobs      [B, T] current policy
-    old_logprobs  [B, T] policy that sampled the batch
-    mask          [B, T]
-    return        []
-    ============  =====
-    """
+    """KL(old || new) estimated as the mean of ``old_logprobs - logprobs`` (logged as actor/ppo_kl)."""
     return masked_mean(old_logprobs - logprobs, mask)
 
 
 @torch.no_grad()
-def masked_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Mean, max and min of ``x`` over valid elements, as ``{"mean", "max", "min"}``; all 0 if none is valid.
-
-    ============  =====================
-    x, mask       [B, T] (any shape)
-    return        dict of [] tensors
-    ============  =====================
-    """
-    valid = mask.bool()
-    has_valid = valid.any()
-    zero = x.new_zeros(())
-    top = torch.where(valid, x, float("-inf")).max()
-    bottom = torch.where(valid, x, float("inf")).min()
-    return {
-        "mean": masked_mean(x, valid),
-        "max": torch.where(has_valid, top, zero),
-        "min": torch.where(has_valid, bottom, zero),
-    }
+def logprob_gap_metrics(sample_logprobs: torch.Tensor, recomputed: torch.Tensor,
+                        response_mask: torch.Tensor) -> dict[str, float]:
+    """rollout/logprob_diff_max and _mean: absolute differences between the sampler's logprobs
+    and the trainer's recomputed ones (0.0 when no token is valid). A large gap means the
+    sampler's policy is not the trainer's (stale weights, dtype, sampling settings)."""
+    diff = (sample_logprobs.float() - recomputed.float()).abs()[response_mask.bool()]
+    if diff.numel() == 0:
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
+    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}

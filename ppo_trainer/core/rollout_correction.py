@@ -3,29 +3,19 @@
 The sampler (vLLM, or HF generate in another dtype, kernel or with stale weights) draws the
 responses from pi_rollout, while PPO's surrogate treats them as samples of pi_old, the trainer's
 recomputed policy. The per-token ratio ``rho_t = pi_old / pi_rollout`` corrects for that
-(Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training";
-Liu & Li 2025, "When speed kills stability"):
+(Yao et al. 2025; Liu & Li 2025):
 
 ======  =====================================================================================
 none    no weights
 tis     token-level truncated IS: ``w_t = min(rho_t, cap)``
 mis     sequence-level masked IS: ``w_t = 1`` on a sequence whose geometric-mean token ratio
-        ``exp(mean_t log rho_t)`` lies in ``[low, high]``, else 0 (the sequence gets no policy
-        loss); a sequence is kept or dropped as a whole, whatever its length
+        ``exp(mean_t log rho_t)`` lies in ``[low, high]``, else 0 (no policy loss), whatever
+        its length
 ======  =====================================================================================
 
-The weights depend only on quantities fixed for the whole PPO step (pi_old, pi_rollout), so
-they are computed once on the driver and are constants in the loss: they multiply the clipped
-surrogate of each token and carry no gradient themselves (``policy_loss(token_weights=)``).
-
-Symbols and shapes (B sequences, T response tokens):
-
-===============  =====  ==============================================================
-old_logprobs     [B,T]  log pi_old(a_t | s_t), the trainer's recompute
-sample_logprobs  [B,T]  log pi_rollout(a_t | s_t), the sampler's
-response_mask    [B,T]  1 on real response tokens, 0 on padding
-weights          [B,T]  the importance weights; 0 on padding
-===============  =====  ==============================================================
+The weights depend only on pi_old and pi_rollout, fixed for the whole PPO step, so they are
+computed once on the driver and enter the loss as constants (``policy_loss(token_weights=)``).
+Shapes: see ``ppo_trainer.core``; the weights are [B, T], 0 on padding.
 """
 
 from __future__ import annotations
@@ -35,42 +25,30 @@ from typing import Optional
 
 import torch
 
+from ppo_trainer.core.choices import ROLLOUT_CORRECTIONS
 from ppo_trainer.core.losses import kl_penalty
 from ppo_trainer.core.masked import masked_mean
-
-MODES = ("none", "tis", "mis")
 
 
 @torch.no_grad()
 def rollout_weights(
-    old_logprobs: torch.Tensor,
-    sample_logprobs: torch.Tensor,
-    response_mask: torch.Tensor,
-    mode: str,
-    cap: float = 2.0,
-    low: float = 0.5,
-    high: float = 2.0,
+    old_logprobs: torch.Tensor, sample_logprobs: torch.Tensor, response_mask: torch.Tensor, mode: str, cap: float = 2.0,
+    low: float = 0.5, high: float = 2.0,
 ) -> tuple[Optional[torch.Tensor], dict[str, torch.Tensor]]:
-    """The weights of ``mode`` (None for ``none``) and their diagnostics.
-
-    Diagnostics (detached scalars, over valid response tokens):
+    """The weights of ``mode`` (None for ``none``) and their diagnostics (detached scalars over
+    valid tokens; log-ratios compare in log space, so a huge ratio never overflows):
 
     =================  ================================================================
-    kl_k3              k3 estimate of KL(pi_rollout || pi_old) (the samples are pi_rollout's);
-                       every mode
+    kl_k3              k3 estimate of KL(pi_rollout || pi_old) (every mode)
     weight_mean, _max  of the weights (tis, mis)
     truncated_frac     tokens with rho_t > cap (tis)
     masked_frac        sequences with valid tokens that were dropped (mis)
-    ess                normalised effective sample size of the weights over the N valid
-                       response tokens, ``(sum w)^2 / (N * sum w^2)``: 1 when all weights are
-                       equal, 0 when all are 0 (tis, mis)
+    ess                normalised effective sample size over the N valid tokens,
+                       ``(sum w)^2 / (N * sum w^2)``: 1 for equal weights, 0 if all are 0
     =================  ================================================================
-
-    Log-ratios are compared in log space, so a huge ratio never overflows to inf.
-    Shapes: see the module table.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown rollout correction {mode!r}; expected one of {', '.join(MODES)}")
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"unknown rollout correction {mode!r}; expected one of {', '.join(ROLLOUT_CORRECTIONS)}")
     valid = response_mask.bool()
     log_ratio = torch.where(valid, old_logprobs.float() - sample_logprobs.float(), 0)
     metrics = {"kl_k3": masked_mean(kl_penalty(sample_logprobs.float(), old_logprobs.float(), "k3"), valid)}

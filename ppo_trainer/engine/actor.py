@@ -1,4 +1,4 @@
-"""`ActorEngine`: the policy (and the reference policy) on FSDP2, as the actor role uses it."""
+"""`ActorEngine`: the policy (and the reference policy) on FSDP2."""
 
 from __future__ import annotations
 
@@ -11,90 +11,53 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, ModelConfig
-from ppo_trainer.core.losses import aggregate, kl_penalty, policy_loss
+from ppo_trainer.core.losses import actor_loss
 from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
 from ppo_trainer.models.critic import save_hf_weights
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "added_tokens.json",
-)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
 
-def _require(batch: Batch, *names: str) -> None:
-    for name in names:
-        if getattr(batch, name) is None:
-            raise ValueError(f"batch.{name} is None; the actor update needs it (compute it before calling update)")
-
-
-class ActorEngine:
+class ActorEngine(FSDPEngine):
     """The trainable policy, sharded with FSDP2, plus the reference policy when asked for.
 
     Args:
-        cfg: `model` config (path is resolved by the caller into `model_dir`).
-        model_dir: a Hugging Face causal-LM folder.
-        algorithm: PPO settings (clip ratios, loss aggregation, entropy and KL-loss terms,
-            epochs, micro-batch token budget, shuffling).
+        cfg, model_dir: the `model` config and its resolved Hugging Face causal-LM folder.
+        algorithm: the `algorithm` config (loss terms, epochs, micro-batch token budget, shuffling).
         mini_batch_size: sequences per optimizer step (`algorithm.ppo_mini_batch_size x sampler.n`).
-        temperature: the sampling temperature; logprobs are those of softmax(logits / temperature).
-        top_k, top_p: the sampler's truncation, applied to the policy's logprobs (old and
-            updated) as the sampler applies it; not to the reference, whose full support keeps
-            the KL to it finite.
-        use_reference: build the reference policy (needed for a KL in the reward or a KL
-            loss: `ppo_trainer.config.uses_reference`). With LoRA it is the same module with the adapter disabled;
-            otherwise a frozen copy of the initial weights, sharded like the actor.
-        device: "cpu", "cuda", "cuda:N" or "npu".
-        total_steps: optimizer steps over the whole run (for the cosine schedule).
-        seed: seeds the mini-batch shuffling.
+        temperature, top_k, top_p: the sampler's; logprobs are those of softmax(logits /
+            temperature) under the sampler's truncation, except the reference's, whose full
+            support keeps the KL to it finite.
+        use_reference: build the reference policy (`config.uses_reference`): with LoRA the same
+            module with the adapter disabled, otherwise a frozen copy of the initial weights.
+        device, total_steps: as for `FSDPEngine`; seed: seeds the mini-batch shuffling.
 
     Every method is a collective call: all ranks call it. `update` takes the full batch on every
     rank; the `compute_*` methods take each rank's own rows.
     """
 
     def __init__(
-        self,
-        cfg: ModelConfig,
-        model_dir: str | Path,
-        algorithm: AlgorithmConfig,
-        *,
-        mini_batch_size: int,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        use_reference: bool = False,
-        device: str | torch.device = "cpu",
-        total_steps: Optional[int] = None,
-        seed: int = 0,
+        self, cfg: ModelConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
+        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, use_reference: bool = False,
+        device: str | torch.device = "cpu", total_steps: Optional[int] = None, seed: int = 0,
     ) -> None:
-        self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.algorithm = algorithm
         self.mini_batch_size = mini_batch_size
         self.temperature = temperature
         self.truncation = {"top_k": top_k, "top_p": top_p}
         self.seed = seed
-        lm = load_causal_lm(
-            str(model_dir),
-            attn_implementation=cfg.attn_implementation,
-            trust_remote_code=cfg.trust_remote_code,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            lora=cfg.lora,
-        )
+        lm = load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
+                            trust_remote_code=cfg.trust_remote_code,
+                            gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
         self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
         self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
-        self.engine = FSDPEngine(
-            self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim, total_steps
-        )
-        self.dtype = self.engine.dtype  # the resolved compute dtype (cfg.dtype may be "auto")
+        super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
+                         total_steps)
         self.reference: Optional[FSDPEngine] = None
         self.use_reference = use_reference
         if use_reference and not self.policy.is_lora:
@@ -105,18 +68,10 @@ class ActorEngine:
             )
             self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
 
-    @property
-    def rank(self) -> int:
-        return self.engine.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.engine.world_size
-
     # ----------------------------------------------------------------------------- scoring
 
     def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
-        _require(batch, "response_mask")
+        batch.require("response_mask", user="scoring")
         truncation = self.truncation if truncate else {}
 
         def fn(micro: Batch) -> tuple[torch.Tensor, ...]:
@@ -130,11 +85,11 @@ class ActorEngine:
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, T] float32 logprobs of the response tokens under the current policy (0 on padding)."""
-        return self._score(self.engine, batch, with_entropy=False)[0]
+        return self._score(self, batch, with_entropy=False)[0]
 
     def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding)."""
-        logp, ent = self._score(self.engine, batch, with_entropy=True)
+        logp, ent = self._score(self, batch, with_entropy=True)
         return logp, ent
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -144,63 +99,38 @@ class ActorEngine:
         if self.reference is not None:
             return self._score(self.reference, batch, with_entropy=False, truncate=False)[0]
         with self.policy.adapter_disabled():
-            return self._score(self.engine, batch, with_entropy=False, truncate=False)[0]
+            return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
     # ----------------------------------------------------------------------------- training
 
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch loss (aggregated with the mini-batch's global
-        counts): clipped policy loss, minus entropy_coef x entropy, plus kl_loss_coef x KL to the
-        reference; and its shares of the logged statistics."""
-        a = self.algorithm
-        with_entropy = a.entropy_coef > 0
-        logp, ent = self.engine.module(
+        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
+        logp, ent = self.module(
             micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask, self.temperature,
-            with_entropy, **self.truncation,
+            self.algorithm.entropy_coef > 0, **self.truncation,
         )
-        mask = micro.response_mask
-        norm = {"global_tokens": counts.tokens, "global_seqs": counts.seqs}
-        pg = policy_loss(
-            logp, micro.old_logprobs, micro.advantages, mask, a.clip_ratio_low, a.clip_ratio_high, a.dual_clip,
-            a.loss_agg_mode, **norm, token_weights=micro.rollout_weights,
-        )
-        share = mask.sum() / counts.tokens  # this micro-batch's part of the mini-batch's tokens
-        loss = pg.loss
-        stats = {"pg_loss": pg.loss.detach(), "pg_clipfrac": pg.clipfrac * share, "ppo_kl": pg.approx_kl * share}
-        if ent is not None:
-            loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_agg_mode, **norm)
-            # the entropy of the policy being updated; actor/entropy (the trainer's old-logprob
-            # pass) stays the entropy of the policy that sampled
-            stats["update_entropy"] = aggregate(ent.detach(), mask, "token-mean", global_tokens=counts.tokens)
-        if a.use_kl_loss:
-            kl = aggregate(kl_penalty(logp, micro.ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
-            loss = loss + a.kl_loss_coef * kl
-            stats["kl_loss"] = kl.detach()
-        return loss, stats
+        return actor_loss(logp, ent, micro.old_logprobs, micro.advantages, micro.response_mask, micro.ref_logprobs,
+                          micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO policy update on the full batch (identical on every rank).
+        """PPO policy update on the full batch (identical on every rank; `FSDPEngine.train`).
 
-        `algorithm.ppo_epochs` passes, mini-batches of `mini_batch_size` sequences, one optimizer
-        step each. Needs old_logprobs, advantages (and ref_logprobs with use_kl_loss). Returns the
-        means over mini-batches of actor/pg_loss, actor/pg_clipfrac, actor/ppo_kl, actor/grad_norm,
-        actor/lr, plus actor/update_entropy (when entropy_coef > 0) and actor/kl_loss (use_kl_loss).
+        Needs old_logprobs, advantages (ref_logprobs with use_kl_loss, rollout_weights with a
+        rollout correction). Returns the means over mini-batches of actor/pg_loss, pg_clipfrac,
+        ppo_kl, grad_norm, lr, update_entropy (entropy_coef > 0), kl_loss (use_kl_loss), and the
+        count actor/skipped_steps.
         """
-        _require(batch, "response_mask", "old_logprobs", "advantages")
-        if self.algorithm.use_kl_loss:
-            _require(batch, "ref_logprobs")
-        if self.algorithm.rollout_correction != "none":
-            _require(batch, "rollout_weights")
         a = self.algorithm
-        stats = self.engine.train(batch, self.micro_batch_loss, self.mini_batch_size, a.ppo_epochs,
-                                  a.ppo_micro_batch_tokens, a.shuffle_mini_batches, self.seed)
+        batch.require("response_mask", "old_logprobs", "advantages", *(["ref_logprobs"] if a.use_kl_loss else []),
+                      *(["rollout_weights"] if a.rollout_correction != "none" else []), user="the actor update")
+        stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, a, self.seed)
         return {f"actor/{k}": v for k, v in stats.items()}
 
     # ----------------------------------------------------------------------------- export
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         """Full float32 state on rank 0 with the wrapper prefix removed ({} elsewhere)."""
-        return {k[len("lm.") :]: v for k, v in self.engine.full_state_dict().items()}
+        return {k[len("lm.") :]: v for k, v in super().full_state_dict().items()}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full float32 weights of the current policy, with Hugging Face names, on rank 0 ({}
@@ -251,11 +181,3 @@ class ActorEngine:
         for name in TOKENIZER_FILES:
             if (self.model_dir / name).is_file():
                 shutil.copyfile(self.model_dir / name, folder / name)
-
-    def save_state(self, folder: str | Path) -> None:
-        """Exact-resume state (trainable fp32 weights, AdamW, schedule) into `folder` (DCP)."""
-        self.engine.save_state(folder)
-
-    def load_state(self, folder: str | Path) -> None:
-        """Restore `save_state`'s folder into this (freshly built) engine."""
-        self.engine.load_state(folder)

@@ -1,13 +1,11 @@
 """Process group, device mesh and the few collectives the engine needs.
 
-One code path for one device and for N: when torch.distributed is not initialised (a plain
-`python` process), a 1-rank group is created in memory (a `HashStore`, no port), so FSDP2, DCP
-and the collectives below run unchanged. Under torchrun or Ray (RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT set in the environment) the group spans all ranks.
-
-Backends: gloo on CPU; on CUDA "cpu:gloo,cuda:nccl" and on Ascend NPU "cpu:gloo,npu:hccl", so
-that the small bookkeeping collectives here (CPU tensors) and FSDP's collectives (device tensors,
-or CPU tensors with parameter offload) each find a backend.
+One code path for one device and for N: without torch.distributed's environment (a plain
+`python` process) a 1-rank group is created in memory (a `HashStore`, no port), so FSDP2, DCP and
+the collectives run unchanged; under torchrun or Ray (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+set) the group spans all ranks. Backends: gloo on CPU, "cpu:gloo,cuda:nccl" on CUDA and
+"cpu:gloo,npu:hccl" on Ascend, so that the bookkeeping collectives here (CPU tensors) and FSDP's
+(device tensors, or CPU tensors with offload) each find one.
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ _MESHES: dict[str, DeviceMesh] = {}
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """The device this rank computes on. An accelerator without an index: the only visible one
-    (Ray and similar launchers expose one device per process), else LOCAL_RANK's (torchrun).
-
-    Also makes it the current device of its type (needed by nccl/hccl).
-    """
+    """The device this rank computes on, made the current one of its type (nccl/hccl need it).
+    An accelerator without an index: the only visible one (Ray and similar launchers expose one
+    device per process), else LOCAL_RANK's (torchrun)."""
     device = torch.device(device)
     if device.type not in _BACKENDS:
         raise ValueError(f"unsupported device {device}; expected cpu, cuda or npu")

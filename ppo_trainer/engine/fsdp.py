@@ -2,18 +2,12 @@
 
 `shard_model` applies `fully_shard` to every decoder layer and then to the root module over the
 1-D data-parallel mesh, with mixed precision (parameters gathered in the compute dtype, gradients
-reduced in float32, float32 master weights and optimizer state) and optional CPU offload of
-parameters, gradients and optimizer state.
+reduced in float32, float32 master weights and optimizer state) and optional CPU offload.
 
-`FSDPEngine` owns one sharded module and, when trainable, its AdamW and LR schedule:
-`train` runs epochs x mini-batches (one optimizer step each) through the micro-batch loop of
-`engine.microbatch`; `full_state_dict` gathers the full weights on rank 0; `save_state` /
-`load_state` write and read the exact-resume state (DCP shards of the fp32 trainable weights and
-the optimizer, plus a JSON of the scheduler and update counter).
-
-Data layout across ranks: for `train`, every rank receives the same full batch and takes its
-share of each mini-batch (`deal_rows`), so N ranks do exactly what one rank does with the whole
-mini-batch. For inference (`forward_rows`), each rank receives its own rows.
+`FSDPEngine` owns one sharded module and, when trainable, its AdamW and LR schedule; `ActorEngine`
+and `CriticEngine` extend it. Data layout across ranks: `train` takes the same full batch on every
+rank, and each rank takes its share of each mini-batch (`Batch.deal`), so N ranks do exactly what
+one rank does with the whole mini-batch; `forward_rows` takes each rank's own rows.
 """
 
 from __future__ import annotations
@@ -21,31 +15,19 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import OptimConfig
 from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
-from ppo_trainer.engine.microbatch import (
-    LossFn,
-    MicroBatch,
-    accumulate_gradients,
-    deal_rows,
-    global_counts,
-    plan_micro_batches,
-)
+from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
 from ppo_trainer.engine.optim import build_optimizer, build_scheduler
 from ppo_trainer.workers.devices import resolve_dtype
 
@@ -60,19 +42,12 @@ def compute_dtype(name: str) -> torch.dtype:
 
 
 def shard_model(
-    module: nn.Module,
-    layers: Sequence[nn.Module],
-    device: torch.device,
-    dtype: torch.dtype,
-    cpu_offload: bool = False,
+    module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype, cpu_offload: bool = False,
     fp32_modules: Sequence[nn.Module] = (),
 ) -> FSDPModule:
     """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value
-    head), then the root `module`; returns the root (the same object, now an FSDPModule).
-
-    Parameters must be float32 (the master copy); compute runs in `dtype`, gradient reduction in
-    float32.
-    """
+    head), then the root `module` (float32 parameters: the master copy); returns the root, now an
+    FSDPModule. Compute runs in `dtype`, gradient reduction in float32."""
     mesh = device_mesh(device)
     offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if cpu_offload else None
     mixed = MixedPrecisionPolicy(param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32)
@@ -99,29 +74,22 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 class FSDPEngine:
-    """One FSDP2-sharded module; trainable when given an `OptimConfig`.
+    """One FSDP2-sharded module; trainable when given an `OptimConfig` (None: frozen).
 
     Args:
-        module: the root module (float32 parameters, on CPU); sharded in place.
-        layers: its repeated blocks, sharded one by one (each gathered only while it computes).
+        module, layers: the root module (float32 parameters, on CPU; sharded in place) and its
+            repeated blocks (each gathered only while it computes).
         device: where this rank computes ("cpu", "cuda", "cuda:1", "npu").
-        dtype: compute dtype name ("bfloat16", "float32", "float16", or "auto": bf16 where `device`
-            computes it natively); the resolved name is `self.dtype`.
+        dtype: compute dtype name, or "auto" (bf16 where `device` computes it natively); the
+            resolved name is `self.dtype`.
         cpu_offload: keep parameters, gradients and optimizer state in host memory.
-        optim: optimizer settings; None builds a frozen (inference-only) engine.
         total_steps: optimizer steps over the run (needed by the cosine schedule only).
         fp32_modules: submodules that compute in float32 whatever `dtype` is.
     """
 
     def __init__(
-        self,
-        module: nn.Module,
-        layers: Sequence[nn.Module],
-        device: str | torch.device,
-        dtype: str,
-        cpu_offload: bool = False,
-        optim: Optional[OptimConfig] = None,
-        total_steps: Optional[int] = None,
+        self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
+        cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
         fp32_modules: Sequence[nn.Module] = (),
     ) -> None:
         self.device = resolve_device(device)
@@ -133,14 +101,7 @@ class FSDPEngine:
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None
         self.updates = 0  # calls of `train`, part of the resume state (it seeds the shuffling)
-
-    @property
-    def rank(self) -> int:
-        return rank()
-
-    @property
-    def world_size(self) -> int:
-        return world_size()
+        self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
     # ----------------------------------------------------------------------------- inference
 
@@ -171,36 +132,28 @@ class FSDPEngine:
 
     # ----------------------------------------------------------------------------- training
 
-    def train(
-        self,
-        batch: Batch,
-        loss_fn: LossFn,
-        mini_batch_size: int,
-        epochs: int,
-        budget: int,
-        shuffle: bool,
-        seed: int,
-    ) -> dict[str, float]:
-        """PPO update: `epochs` passes over `batch` (the full batch, identical on every rank) in
-        mini-batches of `mini_batch_size` sequences, one optimizer step each.
+    def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
+        """PPO update: algorithm.ppo_epochs passes over `batch` (the full batch, identical on every
+        rank) in mini-batches of `mini_batch_size` sequences, one optimizer step each, micro-batched
+        by algorithm.ppo_micro_batch_tokens.
 
-        Shuffling uses a generator seeded by (seed, number of previous `train` calls, epoch), so it
-        is the same on every rank and after a resume. Returns the mean over mini-batches of the
-        statistics `loss_fn` reports, plus `grad_norm` and `lr` (the rate used by the step).
+        With algorithm.shuffle_mini_batches the order comes from a generator seeded by (seed,
+        number of previous `train` calls, epoch): the same on every rank and after a resume.
+        Returns `summarize_steps` of the statistics `loss_fn` reports plus grad_norm and lr.
         """
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()
         history: list[dict[str, float]] = []
-        for epoch in range(epochs):
-            if shuffle:  # (a tuple of ints hashes the same in every process: no hash randomisation)
+        for epoch in range(algorithm.ppo_epochs):
+            if algorithm.shuffle_mini_batches:  # a tuple of ints hashes the same in every process
                 generator = torch.Generator().manual_seed(hash((seed, self.updates, epoch)) & 0x7FFF_FFFF_FFFF_FFFF)
                 order = torch.randperm(len(batch), generator=generator)
             else:
                 order = torch.arange(len(batch))
             for start in range(0, len(batch), mini_batch_size):
                 mini = batch.select(order[start : start + mini_batch_size])
-                stats = self.backward_mini_batch(mini, loss_fn, budget)
+                stats = self.backward_mini_batch(mini, loss_fn, algorithm.ppo_micro_batch_tokens)
                 stats.update(self.optimizer_step())
                 history.append(stats)
         self.updates += 1
@@ -209,17 +162,19 @@ class FSDPEngine:
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
         """Accumulate the gradient of one mini-batch (the same on every rank) into `.grad`;
         returns the mini-batch statistics (summed over micro-batches and ranks)."""
-        local = mini_batch.select(deal_rows(mini_batch, self.world_size)[self.rank])
+        if len(mini_batch) < self.world_size:
+            raise ValueError(
+                f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} data-parallel ranks; "
+                "every rank needs at least one (raise algorithm.ppo_mini_batch_size or use fewer devices)"
+            )
+        local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy) for m in plan_micro_batches(local, budget)]
         return accumulate_gradients(self.module, micro, loss_fn, counts)
 
     def optimizer_step(self) -> dict[str, float]:
-        """Clip gradients by global norm, step AdamW and the schedule; returns grad_norm and lr.
-
-        A non-finite gradient norm skips the parameter update (the gradients are dropped) and is
-        reported as such, so the caller can count skipped steps.
-        """
+        """Clip gradients by global norm, step AdamW and the schedule; returns grad_norm, lr and
+        skipped_steps: a non-finite norm skips the parameter update (the gradients are dropped)."""
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -239,21 +194,24 @@ class FSDPEngine:
         on rank 0; `{}` on the other ranks. A collective call: every rank calls it."""
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def _resume_state(self, with_optim: bool) -> dict[str, Any]:
+        """The trainable float32 weights (and AdamW's state) as DCP state dicts; frozen weights are
+        left out: they reload from the model folder."""
+        options = StateDictOptions(ignore_frozen_params=True)
+        if not with_optim:
+            return {"model": get_model_state_dict(self.module, options=options)}
+        model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
+        return {"model": model_state, "optim": optim_state}
+
     def save_state(self, folder: str | Path) -> None:
-        """Exact-resume state into `folder` (one folder per engine): DCP shards of the trainable
-        float32 weights and of the optimizer state, and engine_state.json (LR schedule, update
-        counter). Frozen weights are not saved: they reload from the model folder."""
+        """Exact-resume state into `folder` (one folder per engine): DCP shards of `_resume_state`
+        and engine_state.json (LR schedule, update counter)."""
         if self.optimizer is None:
             raise RuntimeError("a frozen engine has no training state to save")
         folder = Path(folder)
-        options = StateDictOptions(ignore_frozen_params=True)
+        # before the first step AdamW has no state: asking DCP for it would initialise (advance) it
         has_optim_state = bool(self.optimizer.state)
-        if has_optim_state:
-            model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
-            state = {"model": model_state, "optim": optim_state}
-        else:  # before the first step: do not let DCP initialise (and thereby advance) AdamW
-            state = {"model": get_model_state_dict(self.module, options=options)}
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder), overwrite=True))
+        dcp.save(self._resume_state(has_optim_state), storage_writer=dcp.FileSystemWriter(str(folder), overwrite=True))
         if self.rank == 0:
             info = {"scheduler": self.scheduler.state_dict(), "updates": self.updates,
                     "has_optim_state": has_optim_state}
@@ -266,21 +224,14 @@ class FSDPEngine:
         if not (folder / ENGINE_STATE).is_file():
             raise FileNotFoundError(f"no engine state in '{folder}' (expected {ENGINE_STATE} and DCP shards)")
         info = json.loads((folder / ENGINE_STATE).read_text())
-        options = StateDictOptions(ignore_frozen_params=True)
-        # dcp.load fails on any trainable key the checkpoint lacks; the frozen ones (a LoRA base)
-        # are absent by design, which a strict load_state_dict would reject
-        setting = StateDictOptions(ignore_frozen_params=True, strict=False)
-        if info["has_optim_state"]:
-            model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
-            state = {"model": model_state, "optim": optim_state}
-            dcp.load(state, checkpoint_id=str(folder))
-            set_state_dict(
-                self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                options=setting,
-            )
+        state = self._resume_state(info["has_optim_state"])
+        dcp.load(state, checkpoint_id=str(folder))
+        # the frozen keys (a LoRA base) are absent by design, which a strict load would reject
+        options = StateDictOptions(ignore_frozen_params=True, strict=False)
+        if "optim" in state:
+            set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"], options=options)
         else:
-            state = {"model": get_model_state_dict(self.module, options=options)}
-            dcp.load(state, checkpoint_id=str(folder))
-            set_model_state_dict(self.module, state["model"], options=setting)
+            set_model_state_dict(self.module, state["model"], options=options)
         self.scheduler.load_state_dict(info["scheduler"])
         self.updates = int(info["updates"])

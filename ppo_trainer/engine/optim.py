@@ -7,26 +7,15 @@ import math
 import torch
 from torch import nn
 
-from ppo_trainer.config import CriticConfig, OptimConfig
-
-
-def critic_optim_config(cfg: CriticConfig) -> OptimConfig:
-    """The critic's optimizer settings as an `OptimConfig` (AdamW defaults for betas/eps)."""
-    return OptimConfig(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps,
-        schedule=cfg.schedule,
-        grad_clip=cfg.grad_clip,
-    )
+from ppo_trainer.config import OptimConfig
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over the trainable parameters of `module` (after sharding: DTensor shards).
 
-    Weight decay applies to matrices only; norms, biases and other 1-D parameters are not
-    decayed. The fused kernel is used on CPU and CUDA (the devices whose fused AdamW is known to
-    work with FSDP2's DTensor parameters); elsewhere the default (foreach) implementation.
+    Weight decay applies to matrices only, not to norms, biases and other 1-D parameters. The
+    fused kernel runs on CPU and CUDA (where fused AdamW is known to work with FSDP2's DTensor
+    parameters); elsewhere the default (foreach) implementation.
     """
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
@@ -35,9 +24,8 @@ def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-    groups = [g for g in groups if g["params"]]
     return torch.optim.AdamW(
-        groups,
+        [g for g in groups if g["params"]],
         lr=cfg.lr,
         betas=(float(cfg.betas[0]), float(cfg.betas[1])),
         eps=cfg.eps,
@@ -56,10 +44,6 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | No
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
-    if schedule != "cosine":
-        raise ValueError(f"unknown learning-rate schedule {schedule!r}; expected constant or cosine")
-    if total_steps is None:
-        raise ValueError("schedule=cosine needs the total number of optimizer steps (total_steps)")
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -68,9 +52,9 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR applying `lr_factor`; call `.step()` once after each optimizer step.
-
-    `total_steps` (optimizer steps over the whole run) is needed only by the cosine schedule.
-    """
+    `total_steps` (optimizer steps over the run) is needed by the cosine schedule only."""
+    if cfg.schedule not in ("constant", "cosine"):
+        raise ValueError(f"unknown learning-rate schedule {cfg.schedule!r}; expected constant or cosine")
     if cfg.schedule == "cosine" and total_steps is None:
         raise ValueError("schedule=cosine needs the total number of optimizer steps (total_steps)")
     return torch.optim.lr_scheduler.LambdaLR(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ppo_trainer.config import SamplerConfig
-from ppo_trainer.rollout.base import Sampler, logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
 
@@ -20,7 +20,6 @@ __all__ = [
     "VllmSampler",
     "build_sampler",
     "check_vllm_available",
-    "logprob_gap_metrics",
     "prompts_to_batch",
 ]
 

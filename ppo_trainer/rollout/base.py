@@ -151,19 +151,3 @@ def assemble_rollout(
         response_text=list(texts),
         meta={**prompts.meta, "pad_token_id": pad_id},
     )
-
-
-def logprob_gap_metrics(
-    sample_logprobs: torch.Tensor, recomputed: torch.Tensor, response_mask: torch.Tensor
-) -> dict[str, float]:
-    """How far the sampler's logprobs are from the trainer's recomputed ones, on real tokens.
-
-    sample_logprobs, recomputed, response_mask: [B, T]. Returns `rollout/logprob_diff_max` and
-    `rollout/logprob_diff_mean` (absolute differences; 0.0 when the mask is empty). A large gap
-    means the engine's policy is not the trainer's (stale weights, dtype, sampling settings).
-    """
-    mask = response_mask.bool()
-    diff = (sample_logprobs.float() - recomputed.float()).abs()[mask]
-    if diff.numel() == 0:
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
-    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}

@@ -59,19 +59,6 @@ class LocalWorkers:
         self.role = None
 
 
-def balanced_partition(costs: Sequence[int], parts: int) -> list[list[int]]:
-    """Indices of `costs` dealt into `parts` lists of near-equal total cost (largest first, each
-    to the currently lightest part); each list ascending. Every part gets at least one index when
-    there are enough."""
-    loads = [0] * parts
-    out: list[list[int]] = [[] for _ in range(parts)]
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        target = min(range(parts), key=lambda p: (loads[p], len(out[p])))
-        out[target].append(i)
-        loads[target] += costs[i]
-    return [sorted(p) for p in out]
-
-
 def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]], total: int) -> Any:
     """Put per-replica results for `parts` rows back in the original order (tensors or Batches).
 
@@ -86,41 +73,12 @@ def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]], total: in
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(total * k)
     if isinstance(kept[0], Batch):
-        return Batch.concat(_pad_responses(kept)).select(inverse)
+        return Batch.concat(kept).select(inverse)
     if isinstance(kept[0], torch.Tensor):
         width = max(r.shape[1] for r in kept) if kept[0].dim() > 1 else None
         padded = [r if width is None else torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in kept]
         return torch.cat(padded)[inverse]
     raise TypeError(f"cannot merge results of type {type(kept[0]).__name__}")
-
-
-def _pad_responses(batches: Sequence[Batch]) -> list[Batch]:
-    """Right-pad the response block of rollout Batches from different replicas to one width."""
-    width = max(b.response_length for b in batches)
-    prompt = {b.prompt_length for b in batches}
-    if len(prompt) != 1:
-        raise ValueError("replicas returned different prompt widths; prompts must be padded once before splitting")
-    out = []
-    for b in batches:
-        extra = width - b.response_length
-        if extra == 0:
-            out.append(b)
-            continue
-        pad_id = b.meta.get("pad_token_id", 0)
-        fields: dict[str, Any] = {}
-        for name in ("input_ids", "attention_mask", "position_ids", "response_mask", "sample_logprobs",
-                     "old_logprobs", "ref_logprobs", "values", "token_rewards", "advantages", "returns"):
-            value = getattr(b, name)
-            if value is None:
-                continue
-            fill = pad_id if name == "input_ids" else 0
-            if name == "position_ids":
-                tail = value[:, -1:] + torch.arange(1, extra + 1)
-                fields[name] = torch.cat([value, tail], dim=1)
-            else:
-                fields[name] = torch.nn.functional.pad(value, (0, extra), value=fill)
-        out.append(b.with_fields(**fields))
-    return out
 
 
 class WorkerGroup:
@@ -147,8 +105,7 @@ class WorkerGroup:
         seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
         if replicas == 1:
             return self.workers.call(method, [(batch, *args, *seeds[0])], kwargs)[0]
-        costs = batch.num_tokens().tolist()
-        parts = balanced_partition(costs, replicas)
+        parts = batch.deal(replicas)
         shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
         results = self.workers.call(method, shards, kwargs)
         return merge_rows(results, parts, len(batch))

@@ -1,9 +1,10 @@
-"""explained_variance, approx_kl, clip_fraction and masked_stats over valid tokens."""
+"""explained_variance, approx_kl, clip_fraction and the logprob gap over valid tokens."""
 
 import pytest
 import torch
 
-from ppo_trainer.core import approx_kl, clip_fraction, compute_gae, explained_variance, masked_stats
+from ppo_trainer.core.gae import compute_gae
+from ppo_trainer.core.metrics import approx_kl, clip_fraction, explained_variance, logprob_gap_metrics
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 RETURNS = torch.tensor([[1.0, 2.0, 4.0, 99.0], [-1.0, 3.0, -50.0, 7.0]])
@@ -57,12 +58,18 @@ def test_clip_fraction_counts_valid_tokens_only():
     assert clip_fraction(clipped, MASK).item() == pytest.approx(2 / 5)
 
 
-def test_masked_stats_over_valid_tokens():
-    stats = masked_stats(RETURNS, MASK)
-    assert stats["mean"].item() == pytest.approx(1.8)
-    assert stats["max"].item() == 4.0 and stats["min"].item() == -1.0
+def test_logprob_gap_metrics_counts_only_real_response_tokens():
+    sample = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, 0.0, 0.0]])
+    recomputed = torch.tensor([[-1.5, -2.0, 0.0], [-0.25, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    metrics = logprob_gap_metrics(sample, recomputed, mask)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.5)
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx((0.5 + 0.0 + 0.25) / 3)
 
 
-def test_masked_stats_of_nothing_are_zero():
-    stats = masked_stats(RETURNS, torch.zeros_like(MASK))
-    assert [stats[key].item() for key in ("mean", "max", "min")] == [0.0, 0.0, 0.0]
+def test_logprob_gap_metrics_of_an_empty_mask_are_zero():
+    zeros = torch.zeros(2, 3)
+    assert logprob_gap_metrics(zeros, zeros + 1, zeros.long()) == {
+        "rollout/logprob_diff_max": 0.0,
+        "rollout/logprob_diff_mean": 0.0,
+    }

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ppo_trainer.core import adaptive_lambda, compute_gae
+from ppo_trainer.core.gae import adaptive_lambda, compute_gae
 
 from .test_gae import reference_gae
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ppo_trainer.core import AGG_MODES, policy_loss, value_loss
+from ppo_trainer.core.choices import AGG_MODES
+from ppo_trainer.core.losses import policy_loss, value_loss
 
 BATCH, LENGTH, FEATURES = 12, 9, 4
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppo_trainer.core import AdaptiveKL, FixedKL
+from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 
 
 def test_adaptive_kl_follows_the_proportional_rule_over_several_steps():

@@ -1,11 +1,11 @@
-"""policy_loss, value_loss, kl_penalty, entropy_from_logits and aggregate on hand-computed cases."""
+"""policy_loss, value_loss, kl_penalty and aggregate on hand-computed cases."""
 
 import math
 
 import pytest
 import torch
 
-from ppo_trainer.core import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ppo_trainer.core.losses import aggregate, kl_penalty, policy_loss, value_loss
 
 
 def test_policy_loss_with_ratio_one_is_the_unclipped_surrogate():
@@ -138,22 +138,6 @@ def test_k3_is_clamped_to_ten_with_finite_gradients():
 def test_unknown_kl_kind_names_the_allowed_values():
     with pytest.raises(ValueError, match="'k4'.*k1, abs, k2, k3"):
         kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
-
-
-def test_entropy_of_uniform_logits_is_log_vocab_size():
-    torch.testing.assert_close(entropy_from_logits(torch.zeros(2, 3, 4)), torch.full((2, 3), math.log(4)))
-
-
-def test_entropy_matches_minus_sum_p_log_p():
-    logits = torch.randn(5, 11, dtype=torch.float64) * 3
-    probs = logits.softmax(-1)
-    torch.testing.assert_close(entropy_from_logits(logits), -(probs * probs.log()).sum(-1))
-
-
-def test_entropy_stays_finite_for_huge_logits():
-    assert entropy_from_logits(torch.tensor([1e4, 0.0, -1e4])).item() == pytest.approx(0.0, abs=1e-6)
-    logits = torch.tensor([[1.0, 2.0, 0.5]])
-    torch.testing.assert_close(entropy_from_logits(logits + 1e4), entropy_from_logits(logits), atol=1e-2, rtol=0)
 
 
 LOSS_MAT = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from ppo_trainer.core import policy_loss, rollout_weights
+from ppo_trainer.core.losses import policy_loss
+from ppo_trainer.core.rollout_correction import rollout_weights
 
 
 def reference_weights(old, sample, mask, mode, cap, low, high):

@@ -17,7 +17,7 @@ START = time.time()
 import torch  # noqa: E402
 
 from engine_cases import SMALL_BUDGET, make_actor, make_critic, one_step
-from ppo_trainer.engine.microbatch import deal_rows, split_by_token_budget
+from ppo_trainer.engine.microbatch import split_by_token_budget
 
 
 def log(message: str) -> None:
@@ -32,7 +32,7 @@ def main(model_dir: str, batches_file: str, out_dir: str) -> None:
     batch, second = batches["first"], batches["second"]
 
     actor = make_actor(model_dir)
-    local = batch.select(deal_rows(batch, actor.world_size)[actor.rank])
+    local = batch.select(batch.deal(actor.world_size)[actor.rank])
     layout = torch.tensor([int(local.response_mask.sum()), len(split_by_token_budget(local, SMALL_BUDGET))])
     layouts = [torch.zeros_like(layout) for _ in range(actor.world_size)]
     torch.distributed.all_gather(layouts, layout)

@@ -12,7 +12,8 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, CriticConfig, ModelConfig, OptimConfig
-from ppo_trainer.engine import ActorEngine, CriticEngine
+from ppo_trainer.engine.actor import ActorEngine
+from ppo_trainer.engine.critic import CriticEngine
 
 VOCAB = 100  # the tiny model's vocabulary is a little larger; ids 3.. are plain characters
 LR = 1e-4
@@ -87,9 +88,9 @@ def one_step(engine, batch: Batch, budget: int) -> tuple[dict[str, torch.Tensor]
     `engine` is an ActorEngine or CriticEngine. Returns (full gradients, full state dict after
     the step as `engine.full_state_dict()` gives it (rank 0; {} elsewhere), statistics).
     """
-    stats = engine.engine.backward_mini_batch(batch, engine.micro_batch_loss, budget)
-    grads = full_grads(engine.engine.module)
-    stats.update(engine.engine.optimizer_step())
+    stats = engine.backward_mini_batch(batch, engine.micro_batch_loss, budget)
+    grads = full_grads(engine.module)
+    stats.update(engine.optimizer_step())
     return grads, engine.full_state_dict(), stats
 
 

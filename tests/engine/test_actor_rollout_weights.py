@@ -9,9 +9,9 @@ from engine_cases import PROMPT_LENS, RESPONSE_LENS, SMALL_BUDGET, full_grads, m
 
 
 def gradients(actor, batch):
-    actor.engine.backward_mini_batch(batch, actor.micro_batch_loss, SMALL_BUDGET)
-    grads = full_grads(actor.engine.module)
-    actor.engine.optimizer.zero_grad(set_to_none=True)
+    actor.backward_mini_batch(batch, actor.micro_batch_loss, SMALL_BUDGET)
+    grads = full_grads(actor.module)
+    actor.optimizer.zero_grad(set_to_none=True)
     return grads
 
 

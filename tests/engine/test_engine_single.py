@@ -19,7 +19,8 @@ from engine_cases import (
     random_batch,
 )
 from ppo_trainer.config import CriticConfig, LoraConfig, OptimConfig
-from ppo_trainer.engine import ActorEngine, CriticEngine
+from ppo_trainer.engine.actor import ActorEngine
+from ppo_trainer.engine.critic import CriticEngine
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,9 @@ def test_gradients_accumulated_over_micro_batches_equal_one_big_batch(tiny_model
     actor = make_actor(tiny_model_dir, algorithm={"loss_agg_mode": agg, "entropy_coef": 0.01, "use_kl_loss": True})
     grads, stats = {}, {}
     for budget in (BIG_BUDGET, SMALL_BUDGET):
-        stats[budget] = actor.engine.backward_mini_batch(batch, actor.micro_batch_loss, budget)
-        grads[budget] = full_grads(actor.engine.module)
-        actor.engine.optimizer.zero_grad(set_to_none=True)
+        stats[budget] = actor.backward_mini_batch(batch, actor.micro_batch_loss, budget)
+        grads[budget] = full_grads(actor.module)
+        actor.optimizer.zero_grad(set_to_none=True)
     assert grads[BIG_BUDGET].keys() == grads[SMALL_BUDGET].keys()
     for name, g in grads[BIG_BUDGET].items():
         torch.testing.assert_close(grads[SMALL_BUDGET][name], g, atol=1e-6, rtol=1e-5)
@@ -135,7 +136,7 @@ def test_bfloat16_compute_trains_with_float32_master_weights(tiny_model_dir, bat
     torch.testing.assert_close(logprobs, make_actor(tiny_model_dir).compute_logprobs(batch), atol=0.05, rtol=0)
     metrics = {**actor.update(batch.with_fields(old_logprobs=logprobs)), **critic.update(batch)}
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
-    assert all(p.dtype == torch.float32 for p in actor.engine.module.parameters())
+    assert all(p.dtype == torch.float32 for p in actor.module.parameters())
     assert all(v.dtype == torch.float32 for v in critic.full_state_dict().values())
 
 

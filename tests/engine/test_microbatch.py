@@ -5,26 +5,19 @@ from __future__ import annotations
 import torch
 
 from engine_cases import PROMPT_LENS, RESPONSE_LENS, random_batch
-from ppo_trainer.engine.microbatch import (
-    deal_rows,
-    global_counts,
-    plan_micro_batches,
-    row_extents,
-    split_by_token_budget,
-    trim_padding,
-)
+from ppo_trainer.engine.microbatch import global_counts, plan_micro_batches, split_by_token_budget
 
 
 def test_row_extents_count_real_prompt_and_response_tokens():
     batch = random_batch(PROMPT_LENS, RESPONSE_LENS)
-    prompt_lens, response_lens = row_extents(batch)
+    prompt_lens, response_lens = batch.row_extents()
     assert prompt_lens.tolist() == PROMPT_LENS
     assert response_lens.tolist() == RESPONSE_LENS
 
 
 def test_trim_padding_drops_only_columns_that_are_padding_in_every_row():
     batch = random_batch(PROMPT_LENS, RESPONSE_LENS).select([1, 2, 6])  # prompts 5,2,2; responses 2,3,1
-    trimmed = trim_padding(batch)
+    trimmed = batch.trim_padding()
     assert trimmed.prompt_length == 5 and trimmed.response_length == 3
     assert trimmed.input_ids.shape == (3, 8) and trimmed.advantages.shape == (3, 3)
     P = batch.prompt_length
@@ -40,7 +33,7 @@ def test_split_keeps_padded_tokens_within_budget_and_covers_every_row_once():
         groups = split_by_token_budget(batch, budget)
         assert sorted(torch.cat(groups).tolist()) == list(range(len(batch)))
         for rows in groups:
-            micro = trim_padding(batch.select(rows))
+            micro = batch.select(rows).trim_padding()
             assert micro.input_ids.numel() <= budget  # rows x padded width
     assert len(split_by_token_budget(batch, 16)) > len(split_by_token_budget(batch, 100))
 
@@ -51,14 +44,14 @@ def test_a_row_longer_than_the_budget_gets_a_micro_batch_of_its_own():
     assert [g.tolist() for g in groups] == [[0], [1, 2]]
 
 
-def test_deal_rows_balances_tokens_and_gives_every_rank_a_row():
+def test_deal_balances_tokens_and_gives_every_rank_a_row():
     batch = random_batch(PROMPT_LENS, RESPONSE_LENS)
-    shares = deal_rows(batch, 2)
-    assert sorted(torch.cat(shares).tolist()) == list(range(len(batch)))
+    shares = batch.deal(2)
+    assert sorted(sum(shares, [])) == list(range(len(batch)))
     tokens = [int(batch.num_tokens()[s].sum()) for s in shares]
     assert abs(tokens[0] - tokens[1]) <= max(batch.num_tokens()).item()
-    assert all(len(s) >= 1 for s in deal_rows(batch, 8))
-    assert [s.tolist() for s in deal_rows(batch, 2)] == [s.tolist() for s in shares]  # deterministic
+    assert all(len(s) >= 1 for s in batch.deal(8))
+    assert batch.deal(2) == shares  # deterministic
 
 
 def test_single_rank_plan_has_no_dummies_and_counts_are_local():

@@ -21,16 +21,16 @@ def test_summary_counts_skipped_steps_and_averages_the_taken_ones():
 
 
 def test_nan_actor_loss_skips_updates_then_stops_with_the_checkpoint_intact(tmp_path, monkeypatch):
-    import ppo_trainer.engine.actor as actor_module
+    import ppo_trainer.core.losses as losses_module
 
-    real_policy_loss = actor_module.policy_loss
+    real_policy_loss = losses_module.policy_loss
     poisoned = {"on": False}
 
     def policy_loss(*args, **kwargs):
         out = real_policy_loss(*args, **kwargs)
         return out._replace(loss=out.loss * float("nan")) if poisoned["on"] else out
 
-    monkeypatch.setattr(actor_module, "policy_loss", policy_loss)
+    monkeypatch.setattr(losses_module, "policy_loss", policy_loss)
     overrides = ["+experiment=smoke", f"trainer.output_dir={tmp_path}", "trainer.loggers=[jsonl]",
                  "trainer.total_steps=6", "trainer.save_every=1", "trainer.max_skipped_steps=2"]
     run_training(compose([*overrides, "trainer.stop_after_steps=1"]))
@@ -54,10 +54,10 @@ def test_nan_actor_loss_skips_updates_then_stops_with_the_checkpoint_intact(tmp_
 def test_the_streak_of_skipped_updates_survives_a_resume(tmp_path, monkeypatch):
     """max_skipped_steps=2: step 1 skips (streak 1, saved), the resumed run's step 2 skips too and
     stops the run; a resume that forgot the streak would count step 2 as the first."""
-    import ppo_trainer.engine.actor as actor_module
+    import ppo_trainer.core.losses as losses_module
 
-    real_policy_loss = actor_module.policy_loss
-    monkeypatch.setattr(actor_module, "policy_loss",
+    real_policy_loss = losses_module.policy_loss
+    monkeypatch.setattr(losses_module, "policy_loss",
                         lambda *a, **k: (lambda out: out._replace(loss=out.loss * float("nan")))(real_policy_loss(*a, **k)))
     overrides = ["+experiment=smoke", f"trainer.output_dir={tmp_path}", "trainer.loggers=[jsonl]",
                  "trainer.total_steps=4", "trainer.save_every=1", "trainer.max_skipped_steps=2"]

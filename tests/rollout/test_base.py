@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from ppo_trainer.rollout import check_vllm_available, logprob_gap_metrics, prompts_to_batch
+from ppo_trainer.rollout import check_vllm_available, prompts_to_batch
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop
 from ppo_trainer.rollout.vllm import weights_blob
 
@@ -51,23 +51,6 @@ def test_cut_at_stop_cuts_before_the_earliest_stop_string():
     assert cut_at_stop("x = 4\n\n#### 4", ["####", "\n\n"]) == ("x = 4", True)
     assert cut_at_stop("no stop here", ["####"]) == ("no stop here", False)
     assert cut_at_stop("abc", []) == ("abc", False)
-
-
-def test_logprob_gap_metrics_counts_only_real_response_tokens():
-    sample = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, 0.0, 0.0]])
-    recomputed = torch.tensor([[-1.5, -2.0, 0.0], [-0.25, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    metrics = logprob_gap_metrics(sample, recomputed, mask)
-    assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.5)
-    assert metrics["rollout/logprob_diff_mean"] == pytest.approx((0.5 + 0.0 + 0.25) / 3)
-
-
-def test_logprob_gap_metrics_of_an_empty_mask_are_zero():
-    zeros = torch.zeros(2, 3)
-    assert logprob_gap_metrics(zeros, zeros + 1, zeros.long()) == {
-        "rollout/logprob_diff_max": 0.0,
-        "rollout/logprob_diff_mean": 0.0,
-    }
 
 
 def test_check_vllm_available_names_the_install_command_when_vllm_is_missing(monkeypatch):

@@ -48,14 +48,16 @@ def scored_batch() -> Batch:
 @pytest.mark.parametrize("overrides", list(ROUTES), ids=lambda o: " ".join(o) or "default")
 def test_the_kl_reaches_the_reward_only_when_the_config_routes_it_there(overrides):
     in_reward, in_loss, _ = ROUTES[overrides]
-    cfg = smoke_cfg("gae.normalize_advantages=false", *overrides)
+    # gamma = lam = 1 and zero values: each advantage is the sum of the token rewards from its
+    # token on, so the advantages pin down the token rewards exactly
+    cfg = smoke_cfg("gae.normalize_advantages=false", "gae.gamma=1.0", "gae.lam=1.0", *overrides)
     assert kl_in_reward(cfg) == in_reward
     assert cfg.algorithm.use_kl_loss == in_loss
     batch, metrics = trainer_without_workers(cfg).compute_advantages(scored_batch(), step=1)
     expected = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
     if in_reward:
         expected -= cfg.gae.kl_coef * torch.log(torch.tensor(2.0)) * batch.response_mask
-    torch.testing.assert_close(batch.token_rewards, expected)
+    torch.testing.assert_close(batch.advantages, expected.flip(1).cumsum(1).flip(1))
     assert metrics["actor/kl_coef"] == (cfg.gae.kl_coef if in_reward else 0.0)
 
 

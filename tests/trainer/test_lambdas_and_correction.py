@@ -4,28 +4,32 @@ and rollout correction weights with their rollout_corr/* metrics in a real (smok
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import compose
-from ppo_trainer.core import adaptive_lambda, compute_gae
-from ppo_trainer.trainer import Trainer, run_training
+from ppo_trainer.core import advantages as core_advantages
+from ppo_trainer.core.gae import adaptive_lambda, compute_gae
+from ppo_trainer.trainer import run_training
 
 
 def gae_of(step: int, *overrides: str):
-    """Trainer.gae on a random ragged batch, with the config of `overrides`."""
-    cfg = compose(list(overrides))
+    """core.advantages.compute on a random ragged batch, with the config of `overrides`. Scores 0,
+    old logprobs 0 and reference logprobs `rewards` under a k1 KL of coefficient 1 make the token
+    rewards exactly `rewards`; returns the warm-up metrics only."""
+    cfg = compose(["gae.normalize_advantages=false", "gae.kl_penalty=k1", *overrides])
     gen = torch.Generator().manual_seed(0)
     lengths = torch.tensor([30, 5, 17, 0, 60, 22])
     mask = (torch.arange(60) < lengths[:, None]).long()
     rewards = torch.randn(6, 60, generator=gen) * mask
     batch = Batch(input_ids=torch.zeros(6, 61, dtype=torch.long), attention_mask=torch.ones(6, 61),
                   position_ids=torch.zeros(6, 61), response_mask=mask, values=torch.randn(6, 60, generator=gen) * mask)
-    advantages, returns, metrics = Trainer.gae(SimpleNamespace(cfg=cfg), rewards, batch, step)
-    return cfg, rewards, batch, advantages, returns, metrics
+    out = core_advantages.compute(torch.zeros(6), torch.zeros(6, 60), rewards, batch.values, mask, cfg.gae, kl_coef=1.0,
+                                  step=step, critic_warmup=cfg.algorithm.critic_warmup)
+    metrics = {k: v for k, v in out.metrics.items() if "warmup" in k}
+    return cfg, rewards, batch, out.advantages, out.returns, metrics
 
 
 def test_the_critic_learns_critic_lam_returns_and_the_policy_lam_advantages():

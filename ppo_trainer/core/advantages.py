@@ -1,0 +1,72 @@
+"""One PPO step's advantages, between the critic's values and the updates: token rewards, GAE with
+one lambda per learner, whitening, and the step's reward/advantage metrics (shapes: see
+``ppo_trainer.core``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from ppo_trainer.core.gae import adaptive_lambda, compute_gae, token_rewards
+from ppo_trainer.core.masked import masked_mean, masked_whiten
+from ppo_trainer.core.metrics import explained_variance
+
+
+class Advantages(NamedTuple):
+    advantages: torch.Tensor  # [B, T], whitened with gae.normalize_advantages
+    returns: torch.Tensor  # [B, T], the critic's targets (never whitened)
+    sequence_kl: float  # mean over sequences of the summed per-token KL: what the KL controller sees
+    metrics: dict[str, float]
+
+
+def lambdas(response_mask: torch.Tensor, gae: Any, step: int, critic_warmup: int) -> tuple[Any, float]:
+    """One lambda per learner (VC-PPO): the policy's (gae.lam, or a [B] tensor with
+    gae.lam_mode=adaptive, VAPO) and the critic's (gae.critic_lam, default gae.lam).
+
+    During the ``critic_warmup`` first steps the critic learns lambda-1 (Monte Carlo) returns,
+    which do not lean on its own untrained values, of the initial policy's rollouts (the actor is
+    not updated yet).
+    """
+    policy = adaptive_lambda(response_mask, gae.adaptive_alpha) if gae.lam_mode == "adaptive" else gae.lam
+    critic = 1.0 if step <= critic_warmup else (gae.lam if gae.critic_lam is None else gae.critic_lam)
+    return policy, critic
+
+
+@torch.no_grad()
+def compute(
+    scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
+    response_mask: torch.Tensor, gae: Any, *, kl_coef: float, step: int, critic_warmup: int,
+) -> Advantages:
+    """Token rewards (score minus ``kl_coef`` x the gae.kl_penalty KL; ``ref_logprobs=None``: no
+    KL), GAE with ``lambdas``, optional whitening (gae.normalize_advantages) of the advantages.
+
+    ``gae``: the ``gae`` config section (gamma, lam, critic_lam, lam_mode, adaptive_alpha,
+    kl_penalty, normalize_advantages). At step 1 and at the first step after the warm-up (fresh
+    rollouts, still of the initial policy), critic/warmup_vf_explained_var_before / _after
+    measure the critic against the Monte Carlo returns.
+    """
+    mask = response_mask
+    rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)
+    lam, critic_lam = lambdas(mask, gae, step, critic_warmup)
+    advantages, returns = compute_gae(rewards, values, mask, gae.gamma, lam)
+    if gae.lam_mode == "adaptive" or critic_lam != lam:
+        returns = compute_gae(rewards, values, mask, gae.gamma, critic_lam)[1]
+    if gae.normalize_advantages:
+        advantages = masked_whiten(advantages, mask)
+    metrics = {
+        "critic/score/mean": scores.mean().item(),
+        "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),
+        "critic/advantages/mean": masked_mean(advantages, mask).item(),
+        "critic/returns/mean": masked_mean(returns, mask).item(),
+        "critic/values/mean": masked_mean(values, mask).item(),
+        "critic/vf_explained_var": explained_variance(values, returns, mask).item(),
+        "actor/reward_kl_penalty": masked_mean(kl, mask).item(),
+        "actor/kl_coef": kl_coef,
+    }
+    if critic_warmup and step in (1, critic_warmup + 1):
+        monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, values, mask, gae.gamma, 1.0)[1]
+        phase = "before" if step == 1 else "after"
+        metrics[f"critic/warmup_vf_explained_var_{phase}"] = explained_variance(values, monte_carlo, mask).item()
+    return Advantages(advantages, returns, (kl * mask).sum(dim=1).mean().item(), metrics)

@@ -1,0 +1,38 @@
+"""Batch reshaping that follows the fields' column blocks: concatenating replicas' rollouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppo_trainer.batch import Batch
+
+
+def rollout(response_lens: list[int], pad_id: int = 7) -> Batch:
+    """Prompts of 2 tokens, then responses of `response_lens` tokens, right-padded to the longest."""
+    T = max(response_lens)
+    mask = (torch.arange(T) < torch.tensor(response_lens)[:, None]).long()
+    attention = torch.cat([torch.ones(len(response_lens), 2, dtype=torch.long), mask], dim=1)
+    ids = torch.where(attention.bool(), 5, pad_id)
+    return Batch(input_ids=ids, attention_mask=attention, position_ids=torch.arange(2 + T).repeat(len(response_lens), 1),
+                 response_mask=mask, sample_logprobs=-mask.float(), scores=torch.ones(len(response_lens)),
+                 meta={"pad_token_id": pad_id})
+
+
+def test_concat_right_pads_every_response_field_to_the_widest():
+    merged = Batch.concat([rollout([1]), rollout([3, 2])])
+    assert merged.response_length == 3 and merged.prompt_length == 2
+    assert merged.input_ids[0].tolist() == [5, 5, 5, 7, 7]
+    assert merged.attention_mask[0].tolist() == [1, 1, 1, 0, 0]
+    assert merged.position_ids[0].tolist() == [0, 1, 2, 3, 4]
+    assert merged.response_mask.tolist() == [[1, 0, 0], [1, 1, 1], [1, 1, 0]]
+    assert merged.sample_logprobs[0].tolist() == [-1.0, 0.0, 0.0]
+    assert merged.scores.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_concat_refuses_different_prompt_widths():
+    other = rollout([1])  # 2 prompt columns
+    wide = Batch(input_ids=torch.ones(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.long),
+                 position_ids=torch.arange(4)[None], response_mask=torch.ones(1, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="prompt widths"):
+        Batch.concat([other, wide])
