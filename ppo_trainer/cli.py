@@ -1,12 +1,7 @@
-"""`ppo-train` and `ppo-eval`.
-
-Exit codes: 0 success, 1 a runtime failure, 2 a config or input error (bad key, bad value,
-missing file, impossible device request). Hydra's own `@hydra.main` exits 1 on a bad
-override, so overrides are checked against the schema before Hydra runs, and any error Hydra
-raises before our task starts is reported as a config error too.
-
-Heavy imports (torch, ray, vllm) happen inside the run, never at import time, so a config
-error or a dry run answers within seconds.
+"""`ppo-train` (a Hydra app) and `ppo-eval`. Exit codes: 0 success, 1 a runtime failure, 2 a
+config or input error. Hydra exits 1 on a bad override, so overrides are checked against the
+schema before Hydra runs, and an error Hydra raises before our task starts counts as a config
+error. Heavy imports (torch, ray, vllm) happen inside the run: a config error answers in seconds.
 """
 
 from __future__ import annotations
@@ -16,19 +11,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import (
-    CONFIG_DIR,
-    CONFIG_NAME,
-    ConfigError,
-    check_overrides,
-    compose,
-    normalize_overrides,
-    register_configs,
-)
+from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
+                                register_configs)
 
 log = logging.getLogger("ppo_trainer")
 
@@ -49,10 +37,7 @@ def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
-class _HydraRun:
-    """Tracks whether our task function started, to tell Hydra's config errors from ours."""
-
-    task_started = False
+_task_started = False  # tells Hydra's exits (a config error) from our task's
 
 
 def _run_training(cfg: DictConfig) -> Optional[float]:
@@ -62,7 +47,8 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from ppo_trainer.config import validate_static
     from ppo_trainer.plan import describe_plan, dtype_summary, environment_problems
 
-    _HydraRun.task_started = True
+    global _task_started
+    _task_started = True
     try:
         cfg = validate_static(cfg)
         hydra_cfg = HydraConfig.get()
@@ -92,7 +78,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         from ppo_trainer.trainer import run_training
 
         if cfg.trainer.verbose:
-            _verbose_engine_logs()
+            _engine_log_levels(verbose=True)
         with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
@@ -124,13 +110,12 @@ def last_checkpoint(output_dir: Path) -> str:
 def _loaded_errors(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
     """The exception classes (module, name) of modules already imported: the run imports them
     lazily, and an error class of a module that never loaded cannot have been raised."""
-    modules = [(sys.modules.get(module), name) for module, name in names]
-    return tuple(getattr(mod, name) for mod, name in modules if mod is not None and hasattr(mod, name))
+    return tuple(getattr(sys.modules[module], name) for module, name in names
+                 if hasattr(sys.modules.get(module), name))
 
 
 def _run_errors() -> tuple[type[BaseException], ...]:
-    """Failures during training that carry their own full explanation (row, role, rank,
-    checkpoint): shown as one line, without a traceback of the driver."""
+    """Failures that carry their own explanation (row, role, rank): one line, no traceback."""
     return _loaded_errors(("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
                           ("ppo_trainer.workers.ray_backend", "WorkerError"))
 
@@ -146,7 +131,7 @@ def _remove_if_empty(folder: Path) -> None:
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    """Errors of user input (data rows, files, model paths) raised by the lazily imported modules."""
+    """Errors of user input (data rows, files, model paths, checkpoints)."""
     return (FileNotFoundError, *_loaded_errors(("ppo_trainer.data", "DataError"),
                                                ("ppo_trainer.models.loading", "ModelPathError"),
                                                ("ppo_trainer.checkpoint", "CheckpointError")))
@@ -155,9 +140,10 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 def train_main(argv: Optional[list[str]] = None) -> None:
     """Entry point of `ppo-train`: Hydra app over configs/ppo.yaml, with early config checks."""
     argv = sys.argv[1:] if argv is None else argv
-    _quiet_third_party_logs()
     register_configs()
     flags, overrides = split_hydra_argv(argv)
+    # --info logs through a stdout handler Hydra adds to the root logger: ours would repeat each line
+    _quiet_third_party_logs(console=not any(f == "--info" or f.startswith("--info=") for f in flags))
     overrides = normalize_overrides(overrides)
     if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
@@ -170,11 +156,12 @@ def train_main(argv: Optional[list[str]] = None) -> None:
 
     task = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")(_run_training)
     sys.argv = [sys.argv[0], *overrides, *flags]  # overrides first: `--info` takes an optional value
-    _HydraRun.task_started = False
+    global _task_started
+    _task_started = False
     try:
         task()
     except SystemExit as e:
-        if e.code == 1 and not _HydraRun.task_started:
+        if e.code == 1 and not _task_started:
             sys.exit(2)  # Hydra rejected the command line or the composition: a config error
         raise
 
@@ -207,24 +194,27 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         sys.exit(2)
 
 
-# Log levels of the engines, applied unless the environment sets them: (quiet, trainer.verbose=true).
+# The engines' log levels, (quiet, trainer.verbose=true), read when they are imported; a level
+# the environment sets wins.
 _ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
-_defaulted: set[str] = set()
+_USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
 
 
-def _verbose_engine_logs() -> None:
-    """trainer.verbose=true: the engines log at their info level (read when they are imported)."""
-    for var in _defaulted:
-        os.environ[var] = _ENGINE_LOG_LEVELS[var][1]
+def _engine_log_levels(verbose: bool) -> None:
+    for var, levels in _ENGINE_LOG_LEVELS.items():
+        if var not in _USER_SET:
+            os.environ[var] = levels[verbose]
 
 
-def _quiet_third_party_logs() -> None:
+def _quiet_third_party_logs(console: bool = True) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    for var, (quiet, _) in _ENGINE_LOG_LEVELS.items():  # transformers: no per-load reports or progress bars
-        if var not in os.environ:
-            os.environ[var] = quiet
-            _defaulted.add(var)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _engine_log_levels(verbose=False)  # transformers: no per-load reports or progress bars
+    if console:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+if __name__ == "__main__":
+    train_main()

@@ -1,7 +1,6 @@
-"""The run plan (batch arithmetic, roles and devices) and the environment checks.
-
-`environment_problems` looks at this machine (packages, files, model paths, devices): a real
-run stops on the first problem before any model loads; a dry run lists them as warnings.
+"""The run plan (roles, devices, batch arithmetic) and `environment_problems`, the checks of
+this machine (packages, files, model paths, devices): a real run stops on the first problem
+before any model loads; a dry run lists them as warnings.
 """
 
 from __future__ import annotations
@@ -11,63 +10,36 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import kl_route, uses_reference
+from ppo_trainer.config import batch_arithmetic, kl_route, uses_reference
 from ppo_trainer.models.loading import model_path_problem
 from ppo_trainer.tracking import mask_secrets
-
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
-
-
-def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
-    """Counts per PPO step implied by the config (prompts, sequences, mini-batches, optimizer steps)."""
-    prompts = cfg.data.train_batch_size
-    n = cfg.sampler.n
-    mini_batches = prompts // cfg.algorithm.ppo_mini_batch_size
-    return {
-        "prompts_per_step": prompts,
-        "sequences_per_step": prompts * n,
-        "sequences_per_mini_batch": cfg.algorithm.ppo_mini_batch_size * n,
-        "mini_batches_per_epoch": mini_batches,
-        "optimizer_steps_per_ppo_step": mini_batches * cfg.algorithm.ppo_epochs,
-        "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
-        "micro_batch_token_budget": cfg.algorithm.ppo_micro_batch_tokens,
-    }
-
-
-def devices_needed(cfg: DictConfig) -> int:
-    """Devices the run occupies: colocated roles share the largest pool, else pools add up."""
-    return plan_placement(cfg).num_devices
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     """Human-readable dry-run output: resolved config, roles and devices, batch arithmetic, warnings."""
-    lines = ["# resolved config", OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))).rstrip(), "", "# plan"]
-    lines.append(f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}")
-    lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
-    lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"
-    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
-    lines.append(f"actor:     {cfg.model.path} ({lora}, lr {cfg.model.optim.lr})")
-    lines.append(f"reference: {reference}")
-    lines.append(f"critic:    {cfg.critic.path or cfg.model.path} (full-parameter, lr {cfg.critic.lr}, "
-                 f"value_clip {cfg.critic.value_clip})")
-    lines.append(f"rollout:   sampler={cfg.sampler.name}, n={cfg.sampler.n}, temperature={cfg.sampler.temperature}, "
-                 f"max_new_tokens={cfg.sampler.max_new_tokens}")
-    lines.append(f"dtypes:    {dtype_summary(cfg)}")
-    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
-                 f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
-    lines.append(f"kl:        {kl_route(cfg)}{kl_details(cfg)}")
-    lines.extend(correction_lines(cfg))
-    lines.append("")
-    lines.append("# devices")
-    lines.extend(placement_lines(cfg))
-    lines.append("")
-    lines.append("# batch arithmetic (per PPO step)")
-    for key, value in batch_arithmetic(cfg).items():
-        lines.append(f"{key.replace('_', ' ')}: {value}")
+    m, g, s = cfg.model, cfg.gae, cfg.sampler
+    lora = f"LoRA rank {m.lora.rank}" if m.lora.rank > 0 else "full fine-tune"
+    reference = ("adapter disabled" if m.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
+    lines = [
+        "# resolved config", OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))).rstrip(),
+        "", "# plan",
+        f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}",
+        f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}",
+        f"actor:     {m.path} ({lora}, lr {m.optim.lr})",
+        f"reference: {reference}",
+        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.lr}, value_clip {cfg.critic.value_clip})",
+        f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
+        f"dtypes:    {dtype_summary(cfg)}",
+        f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
+        f"kl:        {kl_route(cfg)}{kl_details(cfg)}",
+        *correction_lines(cfg),
+        "", "# devices", *placement_lines(cfg),
+        "", "# batch arithmetic (per PPO step)",
+        *(f"{key.replace('_', ' ')}: {value}" for key, value in batch_arithmetic(cfg).items()),
+    ]
     if problems:
-        lines.append("")
-        lines.append("# warnings (a real run stops on these)")
-        lines.extend(f"WARNING: {p}" for p in problems)
+        lines += ["", "# warnings (a real run stops on these)", *(f"WARNING: {p}" for p in problems)]
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import DictConfig
 
-from ppo_trainer.config import uses_reference
+from ppo_trainer.config import batch_arithmetic, optimizer_steps, uses_reference
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.workers.devices import DISTRIBUTED_ROLES
 
@@ -47,25 +47,13 @@ def replica_seed(seed: int, replica: int) -> int:
     return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
 
 
-def optimizer_steps(cfg: DictConfig, role: str) -> int:
-    """Optimizer steps a role takes over the run (the cosine schedule's horizon)."""
-    per_step = (cfg.data.train_batch_size // cfg.algorithm.ppo_mini_batch_size) * cfg.algorithm.ppo_epochs
-    ppo_steps = cfg.trainer.total_steps
-    if role == "actor":
-        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
-    return per_step * ppo_steps
-
-
-def sequences_per_mini_batch(cfg: DictConfig) -> int:
-    return cfg.algorithm.ppo_mini_batch_size * cfg.sampler.n
-
-
 def build_actor(cfg: DictConfig, device: str) -> "ActorEngine":
     """The policy (and the reference policy) on `device`."""
     from ppo_trainer.engine.actor import ActorEngine
 
     return ActorEngine(
-        cfg.model, resolve_model_path(cfg.model.path), cfg.algorithm, mini_batch_size=sequences_per_mini_batch(cfg),
+        cfg.model, resolve_model_path(cfg.model.path), cfg.algorithm,
+        mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
         temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p,
         use_reference=uses_reference(cfg), device=device, total_steps=optimizer_steps(cfg, "actor"),
         seed=cfg.trainer.seed,
@@ -78,7 +66,8 @@ def build_critic(cfg: DictConfig, device: str) -> "CriticEngine":
 
     path = resolve_model_path(cfg.critic.path, part="critic") if cfg.critic.path else resolve_model_path(cfg.model.path)
     return CriticEngine(
-        cfg.critic, path, cfg.algorithm, mini_batch_size=sequences_per_mini_batch(cfg), device=device,
+        cfg.critic, path, cfg.algorithm, mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
+        device=device,
         total_steps=optimizer_steps(cfg, "critic"), seed=cfg.trainer.seed,
         attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code,
     )
