@@ -1,16 +1,9 @@
 """The policy: a causal LM (optionally with a peft LoRA adapter) that scores response tokens.
 
-Alignment (B rows, P prompt columns, T response columns, prompts left-padded, responses
-right-padded): the logprob of response token t (column P+t) comes from the logits at position
-P+t-1, i.e. from the hidden state after the prompt and response tokens 0..t-1.
-
-Logprobs and entropies are those of the policy that was sampled: softmax(logits / temperature),
-truncated by the sampler's top-k and then top-p exactly as Hugging Face's TopKLogitsWarper and
-TopPLogitsWarper (and vLLM) truncate it, and renormalised. They are computed from the hidden states of the valid response positions only, in chunks of
-`chunk_tokens` tokens (lm_head -> float32 -> / temperature -> log-softmax), so that at most a
-[chunk_tokens, V] float32 block of logits exists at a time instead of [B, T, V] (V is ~150k for
-Qwen). With gradients enabled each chunk is checkpointed: its logits are recomputed in backward
-rather than kept alive.
+Alignment (B rows, P prompt columns, T response columns): the logprob of response token t
+(column P+t) comes from the logits at position P+t-1. Logprobs and entropies are those of the
+policy that was sampled (temperature, top-k, top-p: `response_logprobs`), computed in chunks so
+that no [B, T, V] block of logits exists (V is ~150k for Qwen).
 """
 
 from __future__ import annotations
@@ -25,29 +18,15 @@ from torch.utils.checkpoint import checkpoint
 from ppo_trainer.config import LoraConfig
 
 
-def load_causal_lm(
-    model_dir: str,
-    *,
-    attn_implementation: str = "sdpa",
-    trust_remote_code: bool = False,
-    gradient_checkpointing: bool = False,
-    lora: Optional[LoraConfig] = None,
-    dtype: torch.dtype = torch.float32,
-) -> nn.Module:
-    """A causal LM from an HF folder, in float32 by default (the master weights of a trained
-    model; FSDP casts them for compute). A frozen model may be loaded in its compute dtype.
-
-    With `lora.rank > 0` the result is a peft `PeftModel` whose base weights are frozen and whose
-    LoRA B matrices start at zero (so the adapter starts as the identity).
-    """
+def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
+                   gradient_checkpointing: bool = False, lora: Optional[LoraConfig] = None,
+                   dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A causal LM from an HF folder, in float32 by default (master weights; FSDP casts them for
+    compute). With `lora.rank > 0`: a peft `PeftModel`, base frozen, LoRA B at zero (identity)."""
     from transformers import AutoModelForCausalLM
 
-    lm = AutoModelForCausalLM.from_pretrained(
-        model_dir,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation,
+                                              trust_remote_code=trust_remote_code)
     lm.config.use_cache = False
     if gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -55,17 +34,9 @@ def load_causal_lm(
         from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model
 
-        lm = get_peft_model(
-            lm,
-            PeftLoraConfig(
-                r=lora.rank,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                bias="none",
-                task_type="CAUSAL_LM",
-            ),
-        )
+        lm = get_peft_model(lm, PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                               target_modules=list(lora.target_modules), bias="none",
+                                               task_type="CAUSAL_LM"))
     return lm
 
 
@@ -149,11 +120,8 @@ def response_logprobs(
 
 
 class CausalLMPolicy(nn.Module):
-    """A causal LM whose forward returns response-token logprobs (and entropies), not logits.
-
-    Being one module (the FSDP root), its forward runs under FSDP's hooks: the backbone through
-    the sharded decoder layers, then the chunked lm_head.
-    """
+    """A causal LM whose forward returns response-token logprobs (and entropies), not logits; one
+    module (the FSDP root), so the chunked lm_head runs under FSDP's hooks too."""
 
     def __init__(self, lm: nn.Module, chunk_tokens: int = 1024) -> None:
         super().__init__()
@@ -227,14 +195,9 @@ def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:
     return scalings
 
 
-def merge_lora_state_dict(
-    state: dict[str, torch.Tensor], scalings: dict[str, tuple[float, bool]]
-) -> dict[str, torch.Tensor]:
-    """A PeftModel state dict (keys as in `PeftModel.state_dict()`) -> the merged base model's.
-
-    W = W_base + scaling * B @ A for every adapted module; keys lose the
-    "base_model.model." prefix and the ".base_layer" infix, LoRA matrices are dropped.
-    """
+def merge_lora_state_dict(state: dict[str, torch.Tensor], scalings: dict[str, tuple[float, bool]]) -> dict[str, torch.Tensor]:
+    """A `PeftModel.state_dict()` -> the merged base model's: W = W_base + scaling * B @ A; keys
+    lose the "base_model.model." prefix and the ".base_layer" infix, LoRA matrices are dropped."""
     merged: dict[str, torch.Tensor] = {}
     prefix = "base_model.model."
     for key, value in state.items():

@@ -1,19 +1,15 @@
 """The value model: a transformer backbone plus a Linear(hidden, 1) value head.
 
-Alignment (B rows, P prompt columns, T response columns): values[:, t] = V(s_t), the value of the
-state *before* response token t, read from the hidden state at P+t-1, the position whose logits
-give the policy's distribution over token t. (Reading it at P+t would let the critic see the
-action it evaluates: the classic off-by-one of PPO for language models.)
+values[:, t] = V(s_t), the value of the state *before* response token t, read from the hidden
+state at P+t-1 (as the policy's logits; at P+t the critic would see the action it evaluates).
 
 Folder format: a Hugging Face token-classification model with one label, as verl saves its
-critic (backbone under the class's base_model_prefix, head as `score.weight` [1, H] /
-`score.bias` [1]), so `AutoModelForTokenClassification` loads it. A model type without such a
-class is saved as a plain backbone folder plus `value_head.safetensors` and `value_head.json`.
-`from_pretrained` reads both, or any causal-LM / base-model folder (with a fresh head).
+critic (head as `score.weight` [1, H] / `score.bias` [1]); a model type without such a class: a
+backbone folder plus `value_head.safetensors` and `value_head.json`. `from_pretrained` reads
+both, or any causal-LM / base-model folder (with a fresh head).
 
-The head starts at zeros: the first values are exactly 0, the scale of the first returns, where a
-random head would add seed-dependent noise to the first advantages. It still learns from step one
-(its gradient is dL/dV * hidden); the backbone gets gradient once the head is non-zero.
+The head starts at zeros: the first values are exactly 0 rather than seed-dependent noise; it
+still learns from step one (gradient dL/dV * hidden), the backbone once the head is non-zero.
 """
 
 from __future__ import annotations
@@ -88,11 +84,8 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 response_length: int) -> torch.Tensor:
-        """values [B, T] float32, values[:, t] = V(s_t) from the hidden state at P+t-1.
-
-        input_ids, attention_mask, position_ids: [B, P+T] with T = response_length >= 1, P >= 1.
-        Padding positions get whatever the head computes there; mask them downstream.
-        """
+        """values [B, T] float32 from input_ids, attention_mask, position_ids [B, P+T], with
+        T = response_length >= 1, P >= 1. Padding positions are not masked (mask downstream)."""
         T = response_length
         P = input_ids.shape[1] - T
         hidden = self.backbone(

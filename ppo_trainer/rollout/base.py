@@ -1,9 +1,6 @@
-"""The sampler protocol and the pieces every sampler shares: prompt batches in, rollout batches out.
-
-A sampler turns a prompt-only `Batch` (left-padded prompts, no response block) into a rollout
-`Batch` of `len(prompts) * n` rows. Row `i * n + j` is sample `j` of prompt `i`, so a prompt's
-samples stay adjacent. Each row is the prompt block (unchanged, width P) followed by a response
-block (width T = the longest response of the call, right-padded with the pad id).
+"""The sampler protocol and what every sampler shares. A sampler turns a prompt-only `Batch`
+(left-padded, width P) into a rollout `Batch` of `len(prompts) * n` rows, row `i * n + j` being
+sample `j` of prompt `i`, with a response block (width T, right-padded) after the prompt block:
 
 | field           | shape    | meaning                                                            |
 |-----------------|----------|--------------------------------------------------------------------|
@@ -15,8 +12,8 @@ block (width T = the longest response of the call, right-padded with the pad id)
 |                 |          | sampled from (logits / temperature, after top-k / top-p); 0 on pad |
 | truncated       | [B]      | True where the response hit max_new_tokens without EOS or stop     |
 
-`response_text` is the decoded response without special tokens, cut before the first stop
-string. `prompt_text`, `ground_truth`, `prompt_index` are the prompt's values, repeated n times.
+`response_text`: decoded without special tokens, cut before the first stop string; the prompt's
+fields (`prompt_text`, `ground_truth`, `prompt_index`) repeat n times.
 """
 
 from __future__ import annotations
@@ -29,15 +26,14 @@ from ppo_trainer.batch import Batch
 
 
 class Sampler(Protocol):
-    """What the trainer and `ppo-eval` need from a rollout engine. `sleep` releases accelerator
-    memory between rollouts and `wake` undoes it (no-ops where `supports_sleep` is False)."""
+    """A rollout engine. `sleep` releases accelerator memory between rollouts, `wake` undoes it
+    (no-ops where `supports_sleep` is False)."""
 
     supports_sleep: bool
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        """`n` responses per prompt of a prompt-only batch (module docstring). The same weights,
-        prompts and `seed` give the same tokens; `greedy` decodes the arg-max (evaluation, n=1);
+        """`n` responses per prompt; the same weights, prompts and `seed` give the same tokens.
         `max_new_tokens` replaces the sampler's budget for this call (validation's)."""
         ...
 
@@ -51,8 +47,7 @@ class Sampler(Protocol):
 
 
 def prompts_to_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, **row_lists: list[Any]) -> Batch:
-    """A prompt-only Batch from token-id lists, left-padded to the longest prompt; `row_lists` are
-    per-row Batch fields (`prompt_text`, `ground_truth`, `prompt_index`); pad id in meta."""
+    """A prompt-only Batch from token-id lists, left-padded; `row_lists` are per-row fields."""
     if not prompt_ids:
         raise ValueError("prompts_to_batch needs at least one prompt")
     if any(len(p) == 0 for p in prompt_ids):
@@ -96,9 +91,8 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 
 def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]],
                      truncated: Sequence[bool], texts: Sequence[str], pad_id: int) -> Batch:
-    """The rollout Batch from per-sequence results in row order (prompt i, sample j at i*n+j):
-    `responses[r]` the real tokens of row r (ending with EOS or the stop token unless truncated),
-    `logprobs[r]` their sampling logprobs."""
+    """The rollout Batch from per-row results (row i*n+j: sample j of prompt i): `responses[r]`
+    the real tokens (ending with EOS or the stop token unless truncated), `logprobs[r]` theirs."""
     rows = len(prompts) * n
     if not (len(responses) == len(logprobs) == len(truncated) == len(texts) == rows):
         raise ValueError(f"assemble_rollout: expected {rows} sequences ({len(prompts)} prompts x n={n})")

@@ -1,5 +1,4 @@
-"""Rollouts with Hugging Face `generate` on the sampler's own copy of the model: works everywhere,
-no extra install; `sync_weights` loads each new state dict into the copy."""
+"""Rollouts with Hugging Face `generate` on the sampler's own copy of the model (no extra install)."""
 
 from __future__ import annotations
 
@@ -29,16 +28,10 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 class HFSampler:
-    """Batched `model.generate` with left padding, stopping each sequence at EOS or a stop string.
-
-    `model` is a causal LM with its `tokenizer`; `cfg` gives
-    temperature, top_p, top_k (0 disables), max_new_tokens and stop strings; `batch_size` rows
-    (of prompts x n) go into one `generate` call, bounding the KV cache and the scores.
-
-    Sampling logprobs are the log-softmax of the scores after generate's logits processors
-    (temperature, top-k, top-p), which the actor's recomputation applies the same way. Nothing
-    else shapes the samples: settings in the model's generation_config.json are not applied.
-    """
+    """Batched `model.generate`, stopping each sequence at EOS or a stop string; `batch_size` rows
+    (of prompts x n) per call bound the KV cache and the scores. Sampling logprobs are the
+    log-softmax of the scores after temperature, top-k, top-p (as the actor recomputes them);
+    the model's generation_config.json is not applied."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: SamplerConfig, *, batch_size: int = 64) -> None:
         if batch_size < 1:
@@ -62,18 +55,15 @@ class HFSampler:
         ).to(device)
         return cls(model, tokenizer, cfg, batch_size=batch_size)
 
-    @property
-    def supports_sleep(self) -> bool:
-        return False
+    supports_sleep = False
 
     def sleep(self) -> None:
-        """No-op: the HF sampler holds no memory beyond the module it generates with."""
+        """No-op: the HF sampler holds no memory beyond its module."""
 
     def wake(self) -> None:
-        """No-op (see `sleep`)."""
+        """No-op."""
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load `state_dict` (full HF names) into the sampler's copy."""
         result = self.model.load_state_dict(state_dict, strict=False)
         if result.unexpected_keys:
             raise KeyError(f"sync_weights: names unknown to the sampler's model: {result.unexpected_keys[:5]}")
@@ -84,7 +74,6 @@ class HFSampler:
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         prompts = prompt_token_lists(batch)
@@ -143,11 +132,9 @@ class HFSampler:
 
     @contextlib.contextmanager
     def _without_model_generation_config(self) -> Iterator[None]:
-        """generate fills every field our GenerationConfig leaves unset from the model's
-        generation_config.json (min_p, suppress_tokens, bad_words_ids, sequence_bias,
-        repetition_penalty, ...), which would change the sampled policy behind the trainer's
-        back. Inside the block the model's own config is an empty one, so only transformers'
-        neutral defaults fill the gaps."""
+        """generate fills the fields our GenerationConfig leaves unset from the model's
+        generation_config.json (min_p, repetition_penalty, ...), changing the sampled policy behind
+        the trainer's back: inside the block the model's config is an empty one."""
         from transformers import GenerationConfig
 
         own, self.model.generation_config = self.model.generation_config, GenerationConfig()

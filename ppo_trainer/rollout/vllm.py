@@ -1,12 +1,5 @@
 """Rollouts with a vLLM engine that stays up for the whole run; weights are pushed into it live.
-
-vLLM is imported only when a `VllmSampler` is built, so this module imports without it. Three
-settings make the engine's logprobs comparable with the trainer's:
-- `logprobs_mode="processed_logprobs"`: logprobs after temperature / top-k / top-p, i.e. under
-  the policy the token was sampled from (vLLM's default returns raw-logit logprobs).
-- `generation_config="vllm"`: no sampling defaults from the model's generation_config.json.
-- after every `sync_weights` the prefix cache is reset: its prompt KV came from the old weights.
-"""
+vLLM is imported only when a `VllmSampler` is built."""
 
 from __future__ import annotations
 
@@ -47,16 +40,10 @@ def _config_max_len(model_dir: str | Path) -> int:
 
 
 class VllmSampler:
-    """One vLLM engine on the initial weights of HF folder `model_dir`; a `Sampler`.
-
-    `cfg.vllm` holds the engine settings; `dtype` is the engine's ("auto": bf16 where the platform
-    computes it natively; pushed weights are cast to it); `seed` the engine's (each `generate` also
-    seeds its requests); `max_model_len` applies when `cfg.vllm.max_model_len` is None;
-    `enable_sleep` builds with sleep mode, so that `sleep()` frees GPU memory for colocated
-    training (not on CPU: ignored). The engine core runs in this process
-    (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while building, unless set; single-worker executor at
-    tensor_parallel_size 1): it starts in seconds and needs no `__main__` guard.
-    """
+    """One vLLM engine on HF folder `model_dir`. `dtype` is the engine's (pushed weights are cast
+    to it); `max_model_len` applies when `cfg.vllm.max_model_len` is None; `enable_sleep` is
+    ignored on CPU. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
+    while building, unless set): it starts in seconds and needs no `__main__` guard."""
 
     def __init__(self, model_dir: str | Path, cfg: SamplerConfig, *, dtype: str = "bfloat16", seed: int = 0,
                  max_model_len: Optional[int] = None, enable_sleep: bool = False,
@@ -80,7 +67,9 @@ class VllmSampler:
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir), dtype=dtype, seed=seed, tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=max_model_len, enforce_eager=v.enforce_eager, logprobs_mode="processed_logprobs",
+            max_model_len=max_model_len, enforce_eager=v.enforce_eager,
+            # logprobs after temperature / top-k / top-p: under the policy the token was sampled from
+            logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
             generation_config="vllm", worker_extension_cls=WORKER_EXTENSION, trust_remote_code=trust_remote_code,
@@ -129,8 +118,8 @@ class VllmSampler:
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Push full weights (HF names; LoRA merged) into the running engine, then drop its prefix
-        cache. While asleep only the weights wake up for the push: the KV cache stays released until
-        `wake`, so a colocated actor keeps its memory."""
+        cache (its prompt KV came from the old weights). While asleep only the weights wake up: the
+        KV cache stays released until `wake`, so a colocated actor keeps its memory."""
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
@@ -142,11 +131,8 @@ class VllmSampler:
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch.
-
-        Each prompt gets its own request seed drawn from `seed` (vLLM gives its n samples seed,
-        seed+1, ...): one seed for all prompts would give identical prompts identical samples.
-        """
+        """Each prompt gets its own request seed drawn from `seed` (vLLM gives its n samples seed,
+        seed+1, ...): one seed for all would give identical prompts identical samples."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

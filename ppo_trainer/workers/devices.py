@@ -1,13 +1,5 @@
-"""Accelerators, compute dtypes, and the placement of each role's workers on devices and nodes:
-pure pieces shared by the dry-run plan and the backends (importing this module needs no torch).
-
-- `DeviceKind` / `detect`: an accelerator's names in torch, Ray and torch.distributed.
-- `auto_dtype` / `compute_dtype`: what a dtype key means on a device (`auto`: bf16 where native).
-- `plan_placement`: the (plan node, local device index) of each rank of each role. Separate pools
-  give each role its own devices; colocated roles share one pool whose device i hosts rank i of
-  every role. Pools are laid first-fit onto nodes: one that fits in a node never straddles two.
-- `assign_nodes`: plan nodes onto real Ray nodes with enough free, or PlacementError with numbers.
-"""
+"""Accelerator names, compute dtypes, and the placement of each role's ranks on devices and nodes:
+pure pieces shared by the dry-run plan and the backends (importing this module needs no torch)."""
 
 from __future__ import annotations
 
@@ -15,6 +7,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
@@ -85,22 +78,19 @@ def detect(accelerator: str = "auto", probe: Callable[[], str] = probe_accelerat
 
 def local_device_count(name: str) -> int:
     """Devices of accelerator `name` ("cuda", "npu") visible to this process (0 without its runtime)."""
-    if name not in ("cuda", "npu"):
-        raise ValueError(f"local_device_count: {name!r} is not an accelerator (cuda, npu)")
-    if name == "npu" and importlib.util.find_spec("torch_npu") is None:
-        return 0
     import torch
 
-    if name == "npu":
-        import torch_npu  # noqa: F401  (registers torch.npu)
+    if name == "cuda":
+        return torch.cuda.device_count()
+    if importlib.util.find_spec("torch_npu") is None:
+        return 0
+    import torch_npu  # noqa: F401  (registers torch.npu)
 
-        return torch.npu.device_count()  # type: ignore[attr-defined]
-    return torch.cuda.device_count()
+    return torch.npu.device_count()  # type: ignore[attr-defined]
 
 
-# CPU flags of instructions that multiply bf16 matrices natively (AVX-512 BF16, Intel AMX). Without
-# them bf16 matmuls fall back to slow conversions (an AVX2-only EPYC: ~1 GFLOP/s against tens in
-# fp32); with them bf16 is ~2.4x (AVX-512 BF16) to ~6x (AMX) faster than fp32.
+# CPU flags of native bf16 matmuls: with them bf16 is ~2.4x (AVX-512 BF16) to ~6x (AMX) faster than
+# fp32; without them it falls back to slow conversions (an AVX2-only EPYC: ~1 GFLOP/s).
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -203,15 +193,6 @@ class Placement:
     def num_workers(self) -> int:
         return sum(r.world_size for r in self.roles.values())
 
-    def pool(self, name: str) -> Pool:
-        return next(p for p in self.pools if p.name == name)
-
-    def devices_by_node(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for p in self.pools:
-            for node, devices in p.per_node().items():
-                out[node] = out.get(node, 0) + len(devices)
-        return out
 
 
 def colocated_share(num_roles: int) -> float:
@@ -334,8 +315,8 @@ def _pool_key(pool: Pool) -> str:
 
 
 def check_fit(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNode], address: Optional[str]) -> None:
-    """PlacementError unless the cluster has, free, what the plan asks for in total; the message
-    names the first pool (actor, critic, rollout order) that no longer fits, with the numbers."""
+    """PlacementError unless the cluster has, free, what the plan asks for in total, naming the
+    first pool that no longer fits."""
     resource = kind.ray_resource
     free_total = sum(n.free.get(resource, 0.0) for n in nodes)
     have_total = sum(n.total.get(resource, 0.0) for n in nodes)
@@ -371,12 +352,12 @@ def check_fit(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNod
 
 def assign_nodes(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNode],
                  address: Optional[str] = None) -> dict[int, str]:
-    """Map each plan node to a Ray node id with enough free resources: largest needs first, each
-    to the first node that fits, preferring nodes no other plan node took (distinct plan nodes are
-    distinct machines where the cluster allows). Raises PlacementError with the numbers."""
+    """Plan node -> Ray node id with enough free: largest needs first, each to the first node that
+    fits, preferring nodes no other plan node took. Raises PlacementError with the numbers."""
     check_fit(placement, kind, nodes, address)
+    devices_by_node = Counter(node for p in placement.pools for node, _ in p.slots)
     need = {node: {name: amount * devices for name, amount in bundle_spec(kind).items()}
-            for node, devices in placement.devices_by_node().items()}
+            for node, devices in devices_by_node.items()}
     free = {n.node_id: dict(n.free) for n in nodes}
     mapping: dict[int, str] = {}
     for plan_node in sorted(need, key=lambda k: (-need[k].get(kind.ray_resource, 0.0), k)):
@@ -400,19 +381,16 @@ def assign_nodes(placement: Placement, kind: DeviceKind, nodes: Sequence[Cluster
 
 
 def ray_init_kwargs(cfg: DictConfig, kind: DeviceKind, npu_count: Optional[int] = None,
-                    cpu_count: Optional[int] = None, temp_dir: Optional[str] = None) -> dict[str, Any]:
-    """Arguments of `ray.init` that start a local Ray for this config: loopback only, dashboard
-    only with devices.ray.dashboard, logical CPUs = devices.ray.num_cpus, else max(cores,
-    devices + 1) (a 2-core machine still places 4 one-CPU bundles); on NPU the NPUs torch_npu
-    sees, as the "NPU" resource (Ray detects them only where the Ascend runtime imports)."""
+                    cpu_count: Optional[int] = None) -> dict[str, Any]:
+    """`ray.init` arguments of a local Ray: loopback only, logical CPUs = devices.ray.num_cpus, else
+    max(cores, devices + 1) (a 2-core machine still places 4 one-CPU bundles); on NPU the NPUs
+    torch_npu sees, as the "NPU" resource (Ray detects them only where the Ascend runtime imports)."""
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     kwargs: dict[str, Any] = {
         "num_cpus": cfg.devices.ray.num_cpus or max(cores, plan_placement(cfg).num_devices + 1),
         "include_dashboard": bool(cfg.devices.ray.dashboard),
         "_node_ip_address": "127.0.0.1",
     }
-    if temp_dir is not None:
-        kwargs["_temp_dir"] = str(temp_dir)
     n = (local_device_count("npu") if npu_count is None else npu_count) if kind.ray_resource == "NPU" else 0
     if n > 0:
         kwargs["resources"] = {"NPU": float(n)}

@@ -1,14 +1,5 @@
 """`WorkerGroup`: the replicas of one role behind one API, local (one in this process) or Ray
-(one actor per device, torch.distributed across the group: `ray_backend`). Each replica's
-`roles.Worker` calls the method of its engine.
-
-- `run_all(method, ...)`: every replica, same arguments (collective calls such as `update`,
-  which takes the full batch on every rank, or `save`); the results by rank.
-- `run_each(method, args_per_replica)`: replica i with its own arguments (per-rank state).
-- `run_split(method, batch, ..., seed=None)`: the batch's rows dealt across replicas, balanced by
-  token count, the results (tensors with a leading row dimension, or Batches) put back in row
-  order; a `seed` goes to replica i as `roles.replica_seed(seed, i)` (distinct random numbers).
-"""
+(`ray_backend`)."""
 
 from __future__ import annotations
 
@@ -53,11 +44,8 @@ class LocalWorkers:
 
 
 def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]], total: int) -> Any:
-    """Put per-replica results for `parts` rows back in the original order (tensors or Batches).
-
-    A result may hold k rows per input row (a rollout returns n samples per prompt, adjacent):
-    row i then expands to rows i*k .. i*k+k-1.
-    """
+    """Per-replica results for `parts` rows back in the original order (tensors or Batches). A
+    result may hold k adjacent rows per input row (n samples per prompt): row i -> i*k .. i*k+k-1."""
     kept = [r for r, part in zip(results, parts) if len(part)]
     if isinstance(kept[0], tuple):
         return tuple(merge_rows([r[i] for r in results], parts, total) for i in range(len(kept[0])))
@@ -85,6 +73,8 @@ class WorkerGroup:
         return len(self.workers)
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Every replica, same arguments (collective calls: `update` takes the full batch on every
+        rank); results by replica."""
         return self.workers.call(method, [args] * len(self.workers), kwargs)
 
     def run_each(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
@@ -94,6 +84,8 @@ class WorkerGroup:
         return self.workers.call(method, list(args_per_replica), {})
 
     def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
+        """The batch's rows dealt across replicas (balanced by tokens), results back in row order;
+        replica i gets `replica_seed(seed, i)`."""
         replicas = len(self.workers)
         seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
         if replicas == 1:
@@ -108,9 +100,8 @@ class WorkerGroup:
 
 
 def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[str, WorkerGroup]:
-    """The actor, critic and rollout groups of `cfg`. Local: built in that order (a model error
-    surfaces from the actor first) in this process, on the one device of `kind` (detected unless
-    given). Ray: `ray_backend.build_ray_groups` (all roles start concurrently)."""
+    """The actor, critic and rollout groups of `cfg`. Local: built in that order in this process,
+    on the device of `kind` (detected unless given). Ray: all roles start concurrently."""
     from ppo_trainer.workers.devices import ROLES, detect
 
     kind = kind or detect(cfg.devices.accelerator)

@@ -1,17 +1,6 @@
-"""The Ray backend of `WorkerGroup`: one Ray actor per rank, in placement groups on planned nodes.
-
-1. `start_ray` joins `devices.ray.address`, or starts a local Ray on 127.0.0.1 (`ray_init_kwargs`).
-2. `fit_on_cluster` maps the plan's nodes (`plan_placement`) onto alive Ray nodes with that much
-   free, or fails at once naming the key and the numbers: nothing is created before all fits.
-3. One placement group per pool, one bundle per device, each pinned to its node by label.
-4. `RayWorkers` starts one `WorkerHost` per rank in its bundle, asking for the role's share of the
-   device; actor and critic ranks form one torch.distributed group per role (rank 0 picks
-   MASTER_ADDR/PORT), rollout replicas are independent.
-
-A call `ray.put`s each distinct argument once (a state dict sent to every rollout replica is
-serialised once), then collects results; the first failure raises `WorkerError` naming the role,
-the rank and that worker's own error (not a peer's "connection closed"), and tears down a failed
-process group.
+"""The Ray backend of `WorkerGroup`: one Ray actor per rank, in one placement group per pool
+(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created).
+Actor and critic ranks form one torch.distributed group per role; rollout replicas are independent.
 """
 
 from __future__ import annotations
@@ -43,16 +32,15 @@ class WorkerError(RuntimeError):
 
 
 def bind_loopback() -> None:
-    """Make a Ray started by this process bind and advertise 127.0.0.1 only: Ray reads
-    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 at import as "single machine" (the variable for the
-    processes it starts, the constant for this one, which may have imported Ray already)."""
+    """Make a Ray started by this process bind 127.0.0.1 only: Ray reads the variable at import
+    as "single machine" (its child processes), the constant for this one (Ray may be imported)."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray._private.ray_constants as ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None, temp_dir: Optional[str] = None) -> None:
+def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     """Join `devices.ray.address`, or start a local Ray for `cfg`; a no-op when already connected."""
     import ray
 
@@ -62,7 +50,7 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None, temp_dir: Opti
         ray.init(address=cfg.devices.ray.address)
         return
     bind_loopback()
-    ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator), temp_dir=temp_dir))
+    ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator)))
 
 
 def stop_ray() -> None:
@@ -89,11 +77,10 @@ def cluster_nodes() -> list[ClusterNode]:
             for n in ray.nodes() if n["Alive"]]
 
 
-def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str],
-                   settle_s: float = FIT_SETTLE_S) -> dict[int, str]:
+def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str]) -> dict[int, str]:
     """Plan node -> Ray node id, or PlacementError. A plan that would fit an idle cluster but not
-    the resources free right now is retried for `settle_s`."""
-    deadline = time.monotonic() + settle_s
+    the resources free right now is retried for FIT_SETTLE_S."""
+    deadline = time.monotonic() + FIT_SETTLE_S
     while True:
         nodes = cluster_nodes()
         try:
@@ -109,18 +96,18 @@ def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str
 class PlacementPool:
     """The placement group of one pool, shared by its roles; removed when the last one shuts down."""
 
-    def __init__(self, pool: Pool, kind: DeviceKind, node_ids: dict[int, str], timeout_s: float = PLACEMENT_TIMEOUT_S):
+    def __init__(self, pool: Pool, kind: DeviceKind, node_ids: dict[int, str]):
         from ray.util.placement_group import placement_group
 
         self.users = 0
         bundles = [bundle_spec(kind) for _ in pool.slots]
         selectors = [{"ray.io/node-id": node_ids[node]} for node, _ in pool.slots]
         self.pg = placement_group(bundles, strategy=pool.strategy, bundle_label_selector=selectors)
-        if not self.pg.wait(timeout_seconds=timeout_s):
+        if not self.pg.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
             self.remove()
             raise PlacementError(
                 f"the placement group of the {pool.name} pool ({len(bundles)} bundles of "
-                f"{format_resources(bundles[0])}) was not ready after {timeout_s:g} s although the cluster "
+                f"{format_resources(bundles[0])}) was not ready after {PLACEMENT_TIMEOUT_S:g} s although the cluster "
                 "reported the resources free; another job may have taken them meanwhile"
             )
 
@@ -142,12 +129,8 @@ class PlacementPool:
 
 
 class WorkerHost:
-    """The body of one Ray actor: one `roles.Worker` for one rank.
-
-    Built in two steps so that every rank of a process group is started before any of them blocks
-    in the rendezvous: the actor starts, then `build` sets the distributed env vars (read by the
-    FSDP engine's process group) and builds the worker.
-    """
+    """The body of one Ray actor: one `roles.Worker` for one rank. Built in two steps (start, then
+    `build`) so that every rank of a process group runs before any blocks in the rendezvous."""
 
     def __init__(self, role: str, rank: int, ray_resource: str, visible_env: Optional[str]):
         self.role, self.rank = role, rank
@@ -241,8 +224,9 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The `Workers` of one role on Ray: one `WorkerHost` actor per rank. The constructor launches
-    the actors and their builds; the first `call` waits for them (`ready`)."""
+    """The `Workers` of one role on Ray. The constructor launches the actors and their builds; the
+    first `call` waits for them. A call `ray.put`s each distinct argument once (a state dict for
+    every rollout replica is serialised once)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
@@ -259,7 +243,7 @@ class RayWorkers:
         return len(self.hosts)
 
     def ready(self) -> None:
-        """Wait until every rank has built its worker; WorkerError on the first failure."""
+        """Wait until every rank has built its worker."""
         if self._starting is not None:
             refs, self._starting = self._starting, None
             self._gather(refs, "start")
@@ -288,7 +272,8 @@ class RayWorkers:
                              for h, args in zip(self.hosts, args_per_replica)], method)
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """Results by rank; on the first failure, WorkerError with the most likely root cause."""
+        """Results by rank; on the first failure, WorkerError naming the role, the rank and its own
+        error (`root_cause`); a failed process group is killed."""
         import ray
 
         if self.failure is not None:
@@ -341,8 +326,7 @@ class RayWorkers:
             self.pool = None
 
 
-def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None,
-                     placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> dict[str, RayWorkers]:
+def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, RayWorkers]:
     """The workers of every role on Ray, placed per `plan_placement(cfg)`: start or join Ray, check
     that the plan fits, then create the placement groups and all roles' workers concurrently.
     `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests)."""
@@ -359,7 +343,7 @@ def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None,
     workers: dict[str, RayWorkers] = {}
     try:
         for pool in placement.pools:
-            pools[pool.name] = PlacementPool(pool, kind, node_ids, placement_timeout_s)
+            pools[pool.name] = PlacementPool(pool, kind, node_ids)
         for role in ROLES:
             workers[role] = RayWorkers(cfg, role, kind, placement.roles[role], pools[placement.roles[role].pool])
         for w in workers.values():

@@ -1,11 +1,5 @@
-"""Each role's engine, built from the full config, and `Worker`: one engine in one process.
-
-A `Worker` is what a backend drives: the local backend holds one in-process, the Ray backend one
-per Ray actor. `Worker.call(method, ...)` calls the engine's own method (`ActorEngine`,
-`CriticEngine`, or the rollout `Sampler`), except for the few a process owns: its RNG state and
-the checkpoint layout. Data layout: `update` takes the full batch on every rank (the engine deals
-each mini-batch's rows); `compute_*` and `generate` take that replica's rows.
-"""
+"""Each role's engine, built from the full config, and `Worker`: one engine in one process, what
+a backend drives (the local backend holds one, the Ray backend one per Ray actor)."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ _LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
 
 
 def release_freed_host_memory() -> None:
-    """Hand the heap pages that freed tensors leave in glibc back to the system (`malloc_trim(0)`):
-    an update frees thousands of activation and gradient tensors below glibc's mmap threshold, and
+    """`malloc_trim(0)`: an update frees thousands of tensors below glibc's mmap threshold, and
     without it a CPU run's resident size climbs step after step. A no-op outside glibc."""
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
@@ -40,8 +33,8 @@ def release_freed_host_memory() -> None:
 
 
 def replica_seed(seed: int, replica: int) -> int:
-    """The seed of replica `replica` of a call seeded with `seed`: `seed` itself for replica 0 (so
-    a one-replica run samples what it always did), a distinct deterministic seed for the others."""
+    """`seed` itself for replica 0 (a one-replica run samples what it always did), a distinct
+    deterministic seed for the others."""
     if replica == 0:
         return seed
     return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
@@ -90,13 +83,10 @@ BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollo
 
 
 class Worker:
-    """One replica of `role` in this process: its engine plus what belongs to the process.
-
-    Actor and critic seed the process from trainer.seed twice: before building, so that every
-    rank and every run builds the same random initial weights (LoRA's A matrices), and after, per
-    rank (`replica_seed`), so that ranks draw different dropout masks. Their RNG states (CPU and
-    every visible CUDA device) are part of the exact-resume state.
-    """
+    """One replica of `role`: `call` runs the engine's method, or one of `OWN_METHODS` (the
+    process's RNG state, the checkpoint layout). Actor and critic seed the process twice: before
+    building (every rank builds the same initial weights, e.g. LoRA's A), and after, per rank
+    (`replica_seed`: different dropout masks)."""
 
     OWN_METHODS = ("save", "load", "rng_state", "set_rng_state")
     RELEASE_AFTER = ("update", "sync_weights")  # the calls that free many host tensors

@@ -49,11 +49,10 @@ def test_computing_on_cpu_keeps_the_ray_resource_and_switches_to_gloo():
 
 def test_local_ray_registers_the_npus_torch_npu_sees():
     cfg = compose(["devices=npu"])
-    kwargs = ray_init_kwargs(cfg, detect("npu"), npu_count=8, cpu_count=2, temp_dir="/tmp/x")
+    kwargs = ray_init_kwargs(cfg, detect("npu"), npu_count=8, cpu_count=2)
     assert kwargs["resources"] == {"NPU": 8.0}
     assert kwargs["_node_ip_address"] == "127.0.0.1"
     assert kwargs["include_dashboard"] is False
-    assert kwargs["_temp_dir"] == "/tmp/x"
     assert "resources" not in ray_init_kwargs(cfg, detect("npu"), npu_count=0, cpu_count=2)
 
 
@@ -91,7 +90,8 @@ def test_pool_larger_than_a_node_takes_whole_nodes_and_a_small_pool_never_stradd
     cfg = compose(["devices=multi_gpu", "devices.actor.num_devices=12", "devices.critic.num_devices=6",
                    "devices.rollout.num_devices=2", "data.train_batch_size=16", "algorithm.ppo_mini_batch_size=16"])
     p = plan_placement(cfg)
-    actor, critic, rollout = (p.pool(r) for r in ("actor", "critic", "rollout"))
+    pools = {pool.name: pool for pool in p.pools}
+    actor, critic, rollout = (pools[r] for r in ("actor", "critic", "rollout"))
     assert actor.per_node() == {0: list(range(8)), 1: [0, 1, 2, 3]}
     assert actor.strategy == "SPREAD"
     assert critic.per_node() == {2: list(range(6))}  # 6 do not fit beside the actor's 4 on node 1
