@@ -27,15 +27,6 @@ VALUE_HEAD_CONFIG = "value_head.json"
 FORMAT = "ppo_trainer.value_model/1"
 
 
-def _reject_lora_folder(path: Path) -> None:
-    if (path / "adapter_config.json").is_file():
-        raise ValueError(
-            f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
-            "full-parameter and LoRA is not supported for it: point critic.path at a full model "
-            "(merge the adapter into its base model first)"
-        )
-
-
 class ValueModel(nn.Module):
     """V(s_t) for every response token: backbone hidden state at P+t-1 -> Linear(H, 1), the head
     in float32 on a float32 copy of the hidden state, whatever the backbone's compute dtype."""
@@ -58,10 +49,17 @@ class ValueModel(nn.Module):
         from transformers import AutoModel, AutoModelForTokenClassification
 
         path = Path(path)
-        _reject_lora_folder(path)
+        if (path / "adapter_config.json").is_file():
+            raise ValueError(
+                f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
+                "full-parameter and LoRA is not supported for it: point critic.path at a full model "
+                "(merge the adapter into its base model first)"
+            )
         kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
         head = None
-        if _is_token_classifier(path):
+        config = path / "config.json"
+        architectures = (json.loads(config.read_text()).get("architectures") or []) if config.is_file() else []
+        if any(a.endswith("ForTokenClassification") for a in architectures):
             classifier = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
             backbone, head = getattr(classifier, classifier.base_model_prefix), classifier.score
             if head.out_features != 1:
@@ -131,12 +129,6 @@ def token_classifier_class(config: object) -> Optional[type]:
 
     name = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.get(getattr(config, "model_type", None))
     return getattr(transformers, name, None) if name else None
-
-
-def _is_token_classifier(path: Path) -> bool:
-    config = path / "config.json"
-    architectures = json.loads(config.read_text()).get("architectures") or [] if config.is_file() else []
-    return any(a.endswith("ForTokenClassification") for a in architectures)
 
 
 def safetensors_ready(state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:

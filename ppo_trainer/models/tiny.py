@@ -32,19 +32,13 @@ TINY_ARCHITECTURE: dict[str, Any] = {
 }
 
 
-def tiny_vocab() -> dict[str, int]:
-    """Token -> id: the special tokens first, then one token per printable ASCII character."""
-    tokens = list(SPECIAL_TOKENS) + list(CHARACTERS)
-    return {token: i for i, token in enumerate(tokens)}
-
-
 def build_tiny_tokenizer() -> Any:
     """A `PreTrainedTokenizerFast`, one token per character (unknown ones: <unk>); `<|im_end|>` is
     eos and pad; ChatML chat template (a generation prompt ends in "<|im_start|>assistant\\n")."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    vocab = tiny_vocab()
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tuple(CHARACTERS))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges: one token per character
     backend.add_special_tokens(list(SPECIAL_TOKENS))
     backend.decoder = decoders.Fuse()

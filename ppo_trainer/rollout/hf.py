@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -80,7 +79,10 @@ class HFSampler:
         rows = [p for p in prompts for _ in range(n)]
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
-        with self._generation_mode(seed):
+        device = next(self.model.parameters()).device
+        # seeded, without touching the global RNG state
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(seed)
             for start in range(0, len(rows), self.batch_size):
                 ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy,
                                                 max_new_tokens or self.cfg.max_new_tokens)
@@ -95,14 +97,6 @@ class HFSampler:
             texts.append(cut_at_stop(text, self.cfg.stop)[0])
             truncated.append(not stopped)
         return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
-
-    @contextlib.contextmanager
-    def _generation_mode(self, seed: int) -> Iterator[None]:
-        """No grad, and a seeded RNG that leaves the global RNG state untouched."""
-        device = next(self.model.parameters()).device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-            torch.manual_seed(seed)
-            yield
 
     def _generate_chunk(self, prompts: list[list[int]], greedy: bool,
                         max_new_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -121,27 +115,19 @@ class HFSampler:
             min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
             stop_strings=list(c.stop) or None, return_dict_in_generate=True, output_scores=True,
         )
-        with self._without_model_generation_config():
+        # generate fills the fields gen_cfg leaves unset from the model's generation_config.json
+        # (min_p, repetition_penalty, ...), changing the sampled policy: hide it meanwhile
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        try:
             out = self.model.generate(input_ids=chunk.input_ids.to(device), attention_mask=chunk.attention_mask.to(device),
                                       generation_config=gen_cfg, tokenizer=self.tokenizer if c.stop else None)
+        finally:
+            self.model.generation_config = own
         generated = out.sequences[:, chunk.input_ids.shape[1] :]
         token_logprobs = torch.stack(  # out.scores: one [rows, V] of processed logits per step
             [torch.log_softmax(s.float(), dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1)
              for t, s in enumerate(out.scores)], dim=1)
         return generated.cpu().tolist(), token_logprobs.cpu().tolist()
-
-    @contextlib.contextmanager
-    def _without_model_generation_config(self) -> Iterator[None]:
-        """generate fills the fields our GenerationConfig leaves unset from the model's
-        generation_config.json (min_p, repetition_penalty, ...), changing the sampled policy behind
-        the trainer's back: inside the block the model's config is an empty one."""
-        from transformers import GenerationConfig
-
-        own, self.model.generation_config = self.model.generation_config, GenerationConfig()
-        try:
-            yield
-        finally:
-            self.model.generation_config = own
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
         """(length of the real response, whether it ended on EOS or a stop string)."""

@@ -9,7 +9,7 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
@@ -59,18 +59,14 @@ KINDS: dict[str, DeviceKind] = {
 }
 
 
-def probe_accelerator() -> str:
-    """"cuda" if torch sees a GPU, "npu" if torch_npu sees an Ascend NPU, else "cpu"."""
-    import torch
+def detect(accelerator: str = "auto") -> DeviceKind:
+    """The `DeviceKind` of `devices.accelerator`; "auto": cuda if torch sees a GPU, npu if torch_npu
+    sees an Ascend NPU, else cpu."""
+    name = accelerator
+    if name == "auto":
+        import torch
 
-    if torch.cuda.is_available():
-        return "cuda"
-    return "npu" if local_device_count("npu") > 0 else "cpu"
-
-
-def detect(accelerator: str = "auto", probe: Callable[[], str] = probe_accelerator) -> DeviceKind:
-    """The `DeviceKind` of `devices.accelerator`; "auto" asks `probe` (injectable for tests)."""
-    name = probe() if accelerator == "auto" else accelerator
+        name = "cuda" if torch.cuda.is_available() else "npu" if local_device_count("npu") > 0 else "cpu"
     if name not in KINDS:
         raise ValueError(f"devices.accelerator is {name!r}; allowed values: cpu, cuda, npu, auto")
     return KINDS[name]
@@ -380,18 +376,16 @@ def assign_nodes(placement: Placement, kind: DeviceKind, nodes: Sequence[Cluster
     return mapping
 
 
-def ray_init_kwargs(cfg: DictConfig, kind: DeviceKind, npu_count: Optional[int] = None,
-                    cpu_count: Optional[int] = None) -> dict[str, Any]:
+def ray_init_kwargs(cfg: DictConfig, kind: DeviceKind) -> dict[str, Any]:
     """`ray.init` arguments of a local Ray: loopback only, logical CPUs = devices.ray.num_cpus, else
     max(cores, devices + 1) (a 2-core machine still places 4 one-CPU bundles); on NPU the NPUs
     torch_npu sees, as the "NPU" resource (Ray detects them only where the Ascend runtime imports)."""
-    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     kwargs: dict[str, Any] = {
-        "num_cpus": cfg.devices.ray.num_cpus or max(cores, plan_placement(cfg).num_devices + 1),
+        "num_cpus": cfg.devices.ray.num_cpus or max(os.cpu_count() or 1, plan_placement(cfg).num_devices + 1),
         "include_dashboard": bool(cfg.devices.ray.dashboard),
         "_node_ip_address": "127.0.0.1",
     }
-    n = (local_device_count("npu") if npu_count is None else npu_count) if kind.ray_resource == "NPU" else 0
+    n = local_device_count("npu") if kind.ray_resource == "NPU" else 0
     if n > 0:
         kwargs["resources"] = {"NPU": float(n)}
     return kwargs

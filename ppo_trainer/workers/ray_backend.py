@@ -53,27 +53,13 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator)))
 
 
-def stop_ray() -> None:
-    """Disconnect from Ray (a local Ray started by `start_ray` stops with it)."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def cluster_nodes() -> list[ClusterNode]:
-    """The alive Ray nodes with their free and total resources (free = total where this Ray
-    version does not report per-node availability)."""
+    """The alive Ray nodes with their free and total resources."""
     import ray
+    from ray._private.state import available_resources_per_node
 
-    try:
-        from ray._private.state import available_resources_per_node
-
-        free: Optional[dict[str, dict[str, float]]] = available_resources_per_node()
-    except (ImportError, AttributeError):
-        free = None
-    return [ClusterNode(n["NodeID"], n["NodeManagerAddress"],
-                        dict(n["Resources"] if free is None else free.get(n["NodeID"], {})), dict(n["Resources"]))
+    free = available_resources_per_node()
+    return [ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(free.get(n["NodeID"], {})), dict(n["Resources"]))
             for n in ray.nodes() if n["Alive"]]
 
 

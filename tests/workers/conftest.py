@@ -45,7 +45,9 @@ def start_cluster(temp_dir: str, attempts: int = 2):
 def ray_cluster() -> Iterator[str]:
     """The address of the session's cluster; the driver connects on first use (`start_ray`)."""
     pytest.importorskip("ray")
-    from ppo_trainer.workers.ray_backend import bind_loopback, stop_ray
+    import ray
+
+    from ppo_trainer.workers.ray_backend import bind_loopback
 
     bind_loopback()
     os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # vLLM's own rendezvous inside the rollout worker
@@ -57,7 +59,7 @@ def ray_cluster() -> Iterator[str]:
         try:
             yield cluster.address
         finally:
-            stop_ray()
+            ray.shutdown()
             cluster.shutdown()
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)

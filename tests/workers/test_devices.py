@@ -9,6 +9,7 @@ import pytest
 
 from ppo_trainer.config import compose
 from ppo_trainer.plan import placement_lines
+from ppo_trainer.workers import devices
 from ppo_trainer.workers.devices import (
     ClusterNode,
     PlacementError,
@@ -27,8 +28,9 @@ def test_explicit_accelerators_map_to_ray_resource_visible_variable_and_backend(
     assert (cpu.ray_resource, cpu.visible_env, cpu.dist_backend, cpu.torch_device_type) == ("CPU", None, "gloo", "cpu")
 
 
-def test_npu_detected_without_torch_npu_maps_to_npu_ascend_variable_and_hccl():
-    kind = detect("auto", probe=lambda: "npu")
+def test_npu_detected_without_torch_npu_maps_to_npu_ascend_variable_and_hccl(monkeypatch):
+    monkeypatch.setattr(devices, "local_device_count", lambda name: 8 if name == "npu" else 0)
+    kind = detect("auto")
     assert kind.name == "npu" and kind.torch_device_type == "npu"
     assert kind.ray_resource == "NPU"
     assert kind.visible_env == "ASCEND_RT_VISIBLE_DEVICES"
@@ -36,7 +38,7 @@ def test_npu_detected_without_torch_npu_maps_to_npu_ascend_variable_and_hccl():
 
 
 def test_auto_detects_cpu_on_this_machine_and_rejects_unknown_names():
-    assert detect("auto", probe=lambda: "cpu").name == "cpu"
+    assert detect("auto").name == "cpu"
     with pytest.raises(ValueError, match="devices.accelerator"):
         detect("tpu")
 
@@ -47,21 +49,26 @@ def test_computing_on_cpu_keeps_the_ray_resource_and_switches_to_gloo():
     assert (kind.torch_device_type, kind.dist_backend) == ("cpu", "gloo")
 
 
-def test_local_ray_registers_the_npus_torch_npu_sees():
+def test_local_ray_registers_the_npus_torch_npu_sees(monkeypatch):
     cfg = compose(["devices=npu"])
-    kwargs = ray_init_kwargs(cfg, detect("npu"), npu_count=8, cpu_count=2)
+    monkeypatch.setattr(devices, "local_device_count", lambda name: 8)
+    kwargs = ray_init_kwargs(cfg, detect("npu"))
     assert kwargs["resources"] == {"NPU": 8.0}
     assert kwargs["_node_ip_address"] == "127.0.0.1"
     assert kwargs["include_dashboard"] is False
-    assert "resources" not in ray_init_kwargs(cfg, detect("npu"), npu_count=0, cpu_count=2)
+    monkeypatch.setattr(devices, "local_device_count", lambda name: 0)
+    assert "resources" not in ray_init_kwargs(cfg, detect("npu"))
 
 
-def test_local_ray_declares_a_cpu_per_bundle_on_a_two_core_machine_unless_overridden():
+def test_local_ray_declares_a_cpu_per_bundle_on_a_two_core_machine_unless_overridden(monkeypatch):
     cfg = compose(["devices.backend=ray", "devices.actor.num_devices=2", "devices.colocate=false"])
-    assert ray_init_kwargs(cfg, detect("cpu"), cpu_count=2)["num_cpus"] == 5  # 4 slots + 1
-    assert ray_init_kwargs(cfg, detect("cpu"), cpu_count=32)["num_cpus"] == 32
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    assert ray_init_kwargs(cfg, detect("cpu"))["num_cpus"] == 5  # 4 slots + 1
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 32)
+    assert ray_init_kwargs(cfg, detect("cpu"))["num_cpus"] == 32
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
     cfg = compose(["devices.backend=ray", "devices.ray.num_cpus=3", "devices.ray.dashboard=true"])
-    kwargs = ray_init_kwargs(cfg, detect("cpu"), cpu_count=2)
+    kwargs = ray_init_kwargs(cfg, detect("cpu"))
     assert kwargs["num_cpus"] == 3 and kwargs["include_dashboard"] is True
 
 

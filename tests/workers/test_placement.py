@@ -64,7 +64,7 @@ def test_colocated_ranks_share_their_bundles_device_and_a_pool_spans_two_nodes(c
 def test_npu_pool_lands_on_the_node_announcing_npus_with_ascend_visible_devices(ray_cluster):
     cfg = compose(ray_overrides(ray_cluster, colocate=True, actor=1, critic=1, rollout=1)
                   + ["devices.accelerator=npu"])
-    kind = detect("auto", probe=lambda: "npu").computing_on("cpu")
+    kind = detect("npu").computing_on("cpu")
     npu_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("NPU")]
     with placed_hosts(cfg, kind) as hosts:
         infos = [i for role in hosts.values() for i in role]
