@@ -81,12 +81,9 @@ def response_logprobs(
     return     [N], [N]   float32 logprobs, and entropies (None unless asked)
     =========  =========  ======================================================
 
-    A label always counts as kept: it was sampled, so it was in the sampler's set, and where
-    the trainer's logits put it just outside (rounding differences between engines, or a policy
-    that moved during the update) its logprob stays finite, over the kept set plus the label.
-
-    Works chunk by chunk (`chunk_tokens` rows); under autograd each chunk is checkpointed, so
-    neither the forward nor the backward holds more than one chunk's [chunk, V] logits.
+    A label always counts as kept (it was sampled): where the trainer's logits put it just outside
+    (rounding between engines, a policy that moved) its logprob stays finite. Works in chunks of
+    `chunk_tokens` rows, each checkpointed under autograd: at most one [chunk, V] block of logits.
     """
     truncated = top_k > 0 or top_p < 1.0
 

@@ -198,25 +198,18 @@ def colocated_share(num_roles: int) -> float:
 
 
 def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple[int, int]]:
-    """Take `count` devices from plan nodes with `free[node]` devices left (grown as needed):
-    a fresh node per full `devices_per_node`, then the remainder on the first node with room."""
+    """Take `count` devices from plan nodes with `free[node]` devices left (grown as needed): whole
+    nodes (always fresh ones), then the remainder on the first node with room."""
+    whole, rest = divmod(count, devices_per_node)
     slots: list[tuple[int, int]] = []
-
-    def take(node: int, n: int) -> None:
-        used = devices_per_node - free[node]
-        slots.extend((node, used + i) for i in range(n))
-        free[node] -= n
-
-    for _ in range(count // devices_per_node):
-        free.append(devices_per_node)
-        take(len(free) - 1, devices_per_node)
-    rest = count % devices_per_node
-    if rest:
-        node = next((i for i, f in enumerate(free) if f >= rest), None)
+    for n in [devices_per_node] * whole + [rest] * (rest > 0):
+        node = next((i for i, f in enumerate(free) if f >= n), None)
         if node is None:
             free.append(devices_per_node)
             node = len(free) - 1
-        take(node, rest)
+        used = devices_per_node - free[node]
+        slots.extend((node, used + i) for i in range(n))
+        free[node] -= n
     return slots
 
 
@@ -244,14 +237,13 @@ def plan_placement(cfg: DictConfig) -> Placement:
 
 def _ranges(indices: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> "0-2, 5"."""
-    parts, start = [], None
-    for i, x in enumerate(indices):
-        if start is None:
-            start = x
-        if i + 1 == len(indices) or indices[i + 1] != x + 1:
-            parts.append(f"{start}" if start == x else f"{start}-{x}")
-            start = None
-    return ", ".join(parts)
+    runs: list[list[int]] = []
+    for x in indices:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def format_resources(resources: Mapping[str, float]) -> str:

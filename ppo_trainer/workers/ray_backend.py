@@ -11,7 +11,13 @@ import socket
 import time
 from typing import Any, Optional, Sequence
 
+import ray
+import ray._private.ray_constants as ray_constants
 from omegaconf import DictConfig
+from ray._private.state import available_resources_per_node
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ppo_trainer.workers.devices import (DISTRIBUTED_ROLES, ROLES, ClusterNode, DeviceKind, Placement, PlacementError,
                                          Pool, RolePlacement, assign_nodes, bundle_spec, detect, format_resources,
@@ -33,17 +39,13 @@ class WorkerError(RuntimeError):
 
 def bind_loopback() -> None:
     """Make a Ray started by this process bind 127.0.0.1 only: Ray reads the variable at import
-    as "single machine" (its child processes), the constant for this one (Ray may be imported)."""
+    as "single machine" (its child processes), the constant for this one (Ray is imported)."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray._private.ray_constants as ray_constants
-
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     """Join `devices.ray.address`, or start a local Ray for `cfg`; a no-op when already connected."""
-    import ray
-
     if ray.is_initialized():
         return
     if cfg.devices.ray.address:
@@ -55,9 +57,6 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
 
 def cluster_nodes() -> list[ClusterNode]:
     """The alive Ray nodes with their free and total resources."""
-    import ray
-    from ray._private.state import available_resources_per_node
-
     free = available_resources_per_node()
     return [ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(free.get(n["NodeID"], {})), dict(n["Resources"]))
             for n in ray.nodes() if n["Alive"]]
@@ -83,8 +82,6 @@ class PlacementPool:
     """The placement group of one pool, shared by its roles; removed when the last one shuts down."""
 
     def __init__(self, pool: Pool, kind: DeviceKind, node_ids: dict[int, str]):
-        from ray.util.placement_group import placement_group
-
         self.users = 0
         bundles = [bundle_spec(kind) for _ in pool.slots]
         selectors = [{"ray.io/node-id": node_ids[node]} for node, _ in pool.slots]
@@ -108,8 +105,6 @@ class PlacementPool:
 
     def remove(self) -> None:
         if self.pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
             remove_placement_group(self.pg)
             self.pg = None
 
@@ -124,8 +119,6 @@ class WorkerHost:
         self.worker: Any = None
 
     def _device_ids(self) -> list[str]:
-        import ray
-
         return ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource, [])
 
     def device_index(self) -> int:
@@ -139,8 +132,6 @@ class WorkerHost:
 
     def node_info(self) -> dict[str, Any]:
         """Where this worker runs: Ray node id and address, pid, devices, distributed env vars."""
-        import ray
-
         return {
             "role": self.role, "rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
             "address": ray.util.get_node_ip_address(), "pid": os.getpid(), "device_ids": self._device_ids(),
@@ -150,8 +141,6 @@ class WorkerHost:
 
     def rendezvous(self) -> tuple[str, int]:
         """(address, free port) of this node for the process group's store (rank 0 only)."""
-        import ray
-
         address = ray.util.get_node_ip_address()
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((address, 0))
@@ -175,9 +164,6 @@ class WorkerHost:
 
 def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool) -> list[Any]:
     """One `WorkerHost` actor per rank of `role`, rank r in bundle `placement.bundles[r]`."""
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords
     options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0)}
     if resources:
@@ -190,8 +176,6 @@ def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: Pla
 
 def _describe(error: BaseException) -> str:
     """One line for a worker's error: the remote exception, or how the process died."""
-    from ray.exceptions import RayActorError, RayTaskError
-
     if isinstance(error, RayTaskError):
         if error.cause is not None:
             return f"{type(error.cause).__name__}: {error.cause}"
@@ -236,13 +220,9 @@ class RayWorkers:
 
     def worker_info(self) -> list[dict[str, Any]]:
         """`WorkerHost.node_info` of every rank."""
-        import ray
-
         return ray.get([h.node_info.remote() for h in self.hosts])
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
-        import ray
-
         self.ready()
         refs: dict[int, Any] = {}
 
@@ -260,8 +240,6 @@ class RayWorkers:
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
         """Results by rank; on the first failure, WorkerError naming the role, the rank and its own
         error (`root_cause`); a failed process group is killed."""
-        import ray
-
         if self.failure is not None:
             raise WorkerError(f"the {self.role} workers are down after an earlier failure: {self.failure}")
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -295,8 +273,6 @@ class RayWorkers:
         raise WorkerError(message) from error
 
     def _kill(self) -> None:
-        import ray
-
         for h in self.hosts:
             try:
                 ray.kill(h)
