@@ -192,7 +192,8 @@ def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:
     return scalings
 
 
-def merge_lora_state_dict(state: dict[str, torch.Tensor], scalings: dict[str, tuple[float, bool]]) -> dict[str, torch.Tensor]:
+def merge_lora_state_dict(state: dict[str, torch.Tensor],
+                          scalings: dict[str, tuple[float, bool]]) -> dict[str, torch.Tensor]:
     """A `PeftModel.state_dict()` -> the merged base model's: W = W_base + scaling * B @ A; keys
     lose the "base_model.model." prefix and the ".base_layer" infix, LoRA matrices are dropped."""
     merged: dict[str, torch.Tensor] = {}

