@@ -41,16 +41,10 @@ def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_r
 
 
 def top_k_top_p_keep(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """The tokens a sampler keeps: top-k (every token at least as large as the k-th largest, so
-    ties at the boundary stay), then top-p on the top-k-renormalised distribution (ascending
-    sort, drop tokens whose cumulative probability is <= 1 - top_p, always keep the largest):
-    the order and tie rules of transformers' TopKLogitsWarper / TopPLogitsWarper and vLLM.
-
-    ========  =========  ==================================================
-    logits    [N, V]     already divided by the temperature
-    return    [N, V]     bool, True where the token stays
-    ========  =========  ==================================================
-    """
+    """[N, V] bool, True where a sampler keeps the token of `logits` [N, V] (already divided by the
+    temperature): top-k (ties at the boundary stay), then top-p on the top-k-renormalised
+    distribution (drop tokens whose ascending cumulative probability is <= 1 - top_p, always keep
+    the largest): the order and tie rules of transformers' TopK/TopPLogitsWarper and vLLM."""
     keep = torch.ones_like(logits, dtype=torch.bool)
     if 0 < top_k < logits.shape[-1]:
         keep = logits >= torch.topk(logits, top_k, dim=-1).values[..., -1:]

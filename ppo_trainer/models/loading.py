@@ -195,16 +195,15 @@ def _embedded_model(name: str) -> Path:
     gguf = _packaged_gguf(name)
     installed = importlib.metadata.version(model.distribution)
     target = cache_dir() / "embedded" / f"{name}-{model.distribution}-{installed}"
-    if (target / "config.json").is_file():
-        if target not in _announced:  # every role resolves the path: say it once per process
-            _announced.add(target)
-            logger.info("model %s%s: %s, served from the cache %s", EMBEDDED_PREFIX, name, model.description, target)
-        return target
-    logger.info("model %s%s: converting %s into %s (once; about a minute)", EMBEDDED_PREFIX, name, gguf, target)
-    start = time.perf_counter()
-    _build_once(target, lambda folder: _convert_gguf(gguf, folder))
-    logger.info("model %s%s: %s, converted into %s in %.0f s", EMBEDDED_PREFIX, name, model.description, target,
-                time.perf_counter() - start)
+    if not (target / "config.json").is_file():
+        logger.info("model %s%s: converting %s into %s (once; about a minute)", EMBEDDED_PREFIX, name, gguf, target)
+        start = time.perf_counter()
+        _build_once(target, lambda folder: _convert_gguf(gguf, folder))
+        logger.info("model %s%s: %s, converted into %s in %.0f s", EMBEDDED_PREFIX, name, model.description, target,
+                    time.perf_counter() - start)
+    elif target not in _announced:  # every role resolves the path: say it once per process
+        _announced.add(target)
+        logger.info("model %s%s: %s, served from the cache %s", EMBEDDED_PREFIX, name, model.description, target)
     return target
 
 

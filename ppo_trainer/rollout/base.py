@@ -75,8 +75,10 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def prompt_token_lists(batch: Batch) -> list[list[int]]:
-    """The real (unpadded) prompt tokens of each row of a prompt-only batch."""
+def prompt_token_lists(batch: Batch, n: int = 1) -> list[list[int]]:
+    """The real (unpadded) prompt tokens of each row of a prompt-only batch (to sample `n` each)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
     if batch.response_mask is not None:
         raise ValueError("generate expects a prompt-only batch (response_mask is set: it already holds responses)")
     mask = batch.attention_mask.bool()

@@ -71,9 +71,7 @@ class HFSampler:
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        prompts = prompt_token_lists(batch)
+        prompts = prompt_token_lists(batch, n)
         rows = [p for p in prompts for _ in range(n)]
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []

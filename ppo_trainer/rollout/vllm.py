@@ -136,9 +136,7 @@ class VllmSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        prompts = prompt_token_lists(batch)
+        prompts = prompt_token_lists(batch, n)
         rng = random.Random(seed)
         c = self.cfg
         params = [SamplingParams(n=n, temperature=0.0 if greedy else c.temperature, top_p=1.0 if greedy else c.top_p,

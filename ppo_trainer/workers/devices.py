@@ -188,7 +188,6 @@ class Placement:
         return sum(r.world_size for r in self.roles.values())
 
 
-
 def colocated_share(num_roles: int) -> float:
     """The fraction of a device each of `num_roles` colocated workers asks Ray for: 1/n rounded
     down to 0.01 (0.33 for three), so that the n requests fit in one device."""

@@ -218,10 +218,6 @@ class RayWorkers:
             refs, self._starting = self._starting, None
             self._gather(refs, "start")
 
-    def worker_info(self) -> list[dict[str, Any]]:
-        """`WorkerHost.node_info` of every rank."""
-        return ray.get([h.node_info.remote() for h in self.hosts])
-
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
         self.ready()
         refs: dict[int, Any] = {}

@@ -107,7 +107,10 @@ def local_groups(tiny_model_dir):
 
 
 def infos(group) -> list[dict]:
-    return group.workers.worker_info()
+    """`WorkerHost.node_info` of every rank of a Ray group."""
+    import ray
+
+    return ray.get([h.node_info.remote() for h in group.workers.hosts])
 
 
 def test_workers_run_where_the_plan_says(ray_cfg, ray_groups):
