@@ -27,9 +27,7 @@ from ppo_trainer.batch import Batch
 
 class Sampler(Protocol):
     """A rollout engine. `sleep` releases accelerator memory between rollouts, `wake` undoes it
-    (no-ops where `supports_sleep` is False)."""
-
-    supports_sleep: bool
+    (no-ops where the engine cannot)."""
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:

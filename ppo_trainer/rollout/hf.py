@@ -52,8 +52,6 @@ class HFSampler:
         ).to(device)
         return cls(model, tokenizer, cfg, batch_size=batch_size)
 
-    supports_sleep = False
-
     def sleep(self) -> None:
         """No-op: the HF sampler holds no memory beyond its module."""
 

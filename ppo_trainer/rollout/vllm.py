@@ -100,10 +100,6 @@ class VllmSampler:
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    @property
-    def supports_sleep(self) -> bool:
-        return self._sleep_enabled
-
     def sleep(self) -> None:
         """Offload the weights to host memory and drop the KV cache (level 1); a no-op without sleep mode."""
         if self._sleep_enabled and not self._asleep:

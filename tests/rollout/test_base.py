@@ -109,7 +109,6 @@ def engine_without_start(sleep_enabled: bool):
 
 def test_vllm_sync_while_asleep_wakes_only_the_weights_and_wake_brings_back_the_kv_cache():
     sampler = engine_without_start(sleep_enabled=True)
-    assert sampler.supports_sleep
     sampler.sleep()
     sampler.sleep()  # already asleep: nothing more
     sampler.sync_weights({"w": torch.zeros(2)})
@@ -129,5 +128,4 @@ def test_vllm_sleep_and_wake_are_no_ops_without_sleep_mode():
     sampler.sleep()
     sampler.wake()
     sampler.sync_weights({"w": torch.zeros(2)})
-    assert not sampler.supports_sleep
     assert sampler.llm.calls == [("rpc", "ppo_load_weights"), ("reset_prefix_cache",)]

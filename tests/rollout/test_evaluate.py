@@ -21,8 +21,6 @@ REWARD = functools.partial(math_reward.score, mode="strict", format_score=0.1)
 class ScriptedSampler:
     """Answers prompt i with texts[i]; records how it was called."""
 
-    supports_sleep = False
-
     def __init__(self, texts: list[str]):
         self.texts = texts
         self.calls: list[tuple[int, bool]] = []
