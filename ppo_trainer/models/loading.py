@@ -15,7 +15,6 @@ serve the config checks and the dry-run plan without them.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -27,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from ppo_trainer.models import tiny
 
@@ -240,30 +239,19 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-@contextlib.contextmanager
-def _progress_bars_off() -> Iterator[None]:
-    """transformers' progress bars off inside the block, restored after."""
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
-
-
 def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
     """Run `build(folder)` into a temporary sibling of `target`, then rename it into place: a
     reader sees no `target` or a complete one; when another process finishes first, its folder stays."""
+    from transformers.utils import logging as hf_logging
+
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    bars_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar would reach stderr
     try:
-        with _progress_bars_off():  # save_pretrained's "Writing model shards" bar would reach stderr
-            build(scratch)
+        build(scratch)
         scratch.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
         try:
             scratch.rename(target)
@@ -271,6 +259,8 @@ def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
             if not (target / "config.json").is_file():
                 raise
     finally:
+        if bars_on:
+            hf_logging.enable_progress_bar()
         if scratch.exists():
             shutil.rmtree(scratch, ignore_errors=True)
     return target

@@ -79,8 +79,6 @@ class WorkerGroup:
 
     def run_each(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
         """Replica i gets `args_per_replica[i]` (e.g. its own saved state); results by replica."""
-        if len(args_per_replica) != len(self.workers):
-            raise ValueError(f"{self.role}: {len(args_per_replica)} argument tuples for {len(self.workers)} replicas")
         return self.workers.call(method, list(args_per_replica), {})
 
     def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
