@@ -1,7 +1,5 @@
-"""The run plan (roles, devices, batch arithmetic) and `environment_problems`, the checks of
-this machine (packages, files, model paths, devices): a real run stops on the first problem
-before any model loads; a dry run lists them as warnings.
-"""
+"""The dry run's plan, and `environment_problems` (this machine's packages, files, models and
+devices): a real run stops on the first before any model loads, a dry run lists them."""
 
 from __future__ import annotations
 
@@ -69,8 +67,7 @@ def kl_details(cfg: DictConfig) -> str:
 
 
 def dtype_summary(cfg: DictConfig) -> str:
-    """The compute dtypes of the actor and rollout (model.dtype) and of the critic, with why `auto`
-    chose what it chose on this machine's accelerator."""
+    """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
     device_type = detect(cfg.devices.accelerator).torch_device_type
     parts = []
     for label, key in (("actor and rollout", "model.dtype"), ("critic", "critic.dtype")):
@@ -84,8 +81,7 @@ def dtype_summary(cfg: DictConfig) -> str:
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:
-    """The devices section of the plan: backend, accelerator naming, and `plan_placement`'s pools
-    and ranks (node indices are the plan's; Ray pins each to a real node with that much free)."""
+    """Backend, accelerator and `plan_placement`'s pools (Ray pins each plan node to a real one)."""
     dev = cfg.devices
     kind = detect(dev.accelerator)  # auto: what this machine has
     placement = plan_placement(cfg)
@@ -118,22 +114,13 @@ def environment_problems(cfg: DictConfig) -> list[str]:
         for path in cfg.data[key]:
             if not Path(path).exists():
                 problems.append(f"data.{key}: file not found: {path}")
-    model_problem = model_path_problem(cfg.model.path, "model.path")
-    if model_problem:
-        problems.append(model_problem)
-    if cfg.critic.path:
-        critic_problem = model_path_problem(cfg.critic.path, "critic.path", part="critic")
-        if critic_problem:
-            problems.append(critic_problem)
-    device_problem = device_count_problem(cfg)
-    if device_problem:
-        problems.append(device_problem)
-    return problems
+    critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
+    others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg))
+    return problems + [problem for problem in others if problem]
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:
-    """Compare the devices the config asks for with those of this machine (unless joining a
-    cluster): a local Ray is one node, so a plan over several nodes is a problem here too."""
+    """Devices asked for against this machine's, unless joining a cluster (a local Ray is one node)."""
     accel = cfg.devices.accelerator
     if accel in ("cpu", "auto") or cfg.devices.ray.address:
         return None
