@@ -83,9 +83,9 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
         _exit("ppo-train: config error", e, 2)
-    except _input_errors() as e:
+    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
         _exit("ppo-train: input error", e, 2)
-    except _run_errors() as e:
+    except _loaded(_RUN_ERRORS) as e:
         _exit("ppo-train: stopped", e, 1)
 
 
@@ -104,16 +104,17 @@ def last_checkpoint(output_dir: Path) -> str:
     return f"the last complete checkpoint is {checkpoints_dir(output_dir) / f'global_step_{steps[-1]}'}: rerun to continue"
 
 
-def _loaded_errors(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
+# Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
+_INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
+                 ("ppo_trainer.checkpoint", "CheckpointError"))
+_RUN_ERRORS = (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
+               ("ppo_trainer.workers.ray_backend", "WorkerError"))
+
+
+def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
     """The (module, name) classes of modules already imported: one never loaded cannot have raised."""
     return tuple(getattr(sys.modules[module], name) for module, name in names
                  if hasattr(sys.modules.get(module), name))
-
-
-def _run_errors() -> tuple[type[BaseException], ...]:
-    """Failures that carry their own explanation (row, role, rank): one line, no traceback."""
-    return _loaded_errors(("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-                          ("ppo_trainer.workers.ray_backend", "WorkerError"))
 
 
 def _remove_if_empty(folder: Path) -> None:
@@ -123,13 +124,6 @@ def _remove_if_empty(folder: Path) -> None:
     while folder != cwd and cwd in folder.parents and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
-
-
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """Errors of user input (data rows, files, model paths, checkpoints)."""
-    return (FileNotFoundError, *_loaded_errors(("ppo_trainer.data", "DataError"),
-                                               ("ppo_trainer.models.loading", "ModelPathError"),
-                                               ("ppo_trainer.checkpoint", "CheckpointError")))
 
 
 def train_main(argv: Optional[list[str]] = None) -> None:
@@ -182,7 +176,7 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         run_eval(overrides)
     except ConfigError as e:
         _exit("ppo-eval: config error", e, 2)
-    except _input_errors() as e:
+    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
         _exit("ppo-eval: input error", e, 2)
 
 

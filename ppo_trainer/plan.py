@@ -30,8 +30,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
         f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
-        f"kl:        {kl_route(cfg)}{kl_details(cfg)}",
-        *correction_lines(cfg),
+        *algorithm_lines(cfg),
         "", "# devices", *placement_lines(cfg),
         "", "# batch arithmetic (per PPO step)",
         *(f"{key.replace('_', ' ')}: {value}" for key, value in batch_arithmetic(cfg).items()),
@@ -41,9 +40,12 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     return "\n".join(lines)
 
 
-def correction_lines(cfg: DictConfig) -> list[str]:
-    """The lambdas of the two learners and the rollout correction, as the run will use them."""
+def algorithm_lines(cfg: DictConfig) -> list[str]:
+    """The KL terms, the lambdas of the two learners and the rollout correction, as the run uses them."""
     g, a = cfg.gae, cfg.algorithm
+    kl_keys = ["gae.kl_coef"] if kl_route(cfg) in ("reward", "both") else []
+    if a.use_kl_loss:
+        kl_keys.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
     policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
     critic = str(g.lam if g.critic_lam is None else g.critic_lam)
     if a.critic_warmup:
@@ -51,19 +53,9 @@ def correction_lines(cfg: DictConfig) -> list[str]:
     correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
-    return [f"lambda:    policy advantages {policy}, critic returns {critic}",
+    return [f"kl:        {kl_route(cfg)}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
+            f"lambda:    policy advantages {policy}, critic returns {critic}",
             f"rollout correction: {correction}"]
-
-
-def kl_details(cfg: DictConfig) -> str:
-    """Which keys set the KL terms that are on, for the plan's kl line."""
-    a = cfg.algorithm
-    parts = []
-    if kl_route(cfg) in ("reward", "both"):
-        parts.append("gae.kl_coef")
-    if a.use_kl_loss:
-        parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
-    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def dtype_summary(cfg: DictConfig) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -112,8 +113,9 @@ class Tracker:
         if "wandb" in loggers:
             import wandb
 
+            run_id = hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]  # a rerun resumes it
             run = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
-                             dir=str(output_dir), resume="allow", id=_run_id(output_dir))
+                             dir=str(output_dir), resume="allow", id=run_id)
             self._sinks.append((lambda step, m: run.log(m, step=step), run.finish))
         if "mlflow" in loggers:
             import mlflow
@@ -289,9 +291,3 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{key}"] = value
     return out
 
-
-def _run_id(output_dir: Path) -> str:
-    """A stable wandb run id per output folder, so a resumed run continues the same wandb run."""
-    import hashlib
-
-    return hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]
