@@ -1,8 +1,6 @@
-"""`ppo-train` (a Hydra app) and `ppo-eval`. Exit codes: 0 success, 1 a runtime failure, 2 a
-config or input error. Hydra exits 1 on a bad override, so overrides are checked against the
-schema before Hydra runs, and an error Hydra raises before our task starts counts as a config
-error. Heavy imports (torch, ray, vllm) happen inside the run: a config error answers in seconds.
-"""
+"""`ppo-train` (a Hydra app) and `ppo-eval`. Exit codes: 0 success, 1 a runtime failure, 2 a config
+or input error (Hydra exits 1 on a bad override: overrides are checked before Hydra runs, and an
+exit before our task starts counts as a config error). torch, ray, vllm load inside the run."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -22,9 +20,7 @@ log = logging.getLogger("ppo_trainer")
 
 
 def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Hydra's flags (with their values) and the `key=value` overrides of a command line, as
-    Hydra's own argument parser reads them, so that every Hydra flag works as in any Hydra app;
-    flags may stand between overrides."""
+    """Hydra's flags (with their values) and the overrides, as Hydra's own parser reads them."""
     from hydra._internal.utils import get_args_parser
 
     overrides = get_args_parser().parse_intermixed_args(argv).overrides
@@ -69,8 +65,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         if problems:
             raise ConfigError(problems[0])
         if hydra_cfg.mode == RunMode.MULTIRUN:
-            # Each job's own overrides, for ppo-sweep-report (hydra.output_subdir is null in
-            # ppo.yaml, so Hydra keeps no .hydra/overrides.yaml).
+            # For ppo-sweep-report: hydra.output_subdir=null keeps no .hydra/overrides.yaml.
             job_dir = Path(cfg.trainer.output_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
@@ -87,14 +82,16 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         sys.exit(130)
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
-        print(f"ppo-train: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except _input_errors() as e:
-        print(f"ppo-train: input error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except _run_errors() as e:
-        print(f"ppo-train: stopped: {e}", file=sys.stderr)
-        sys.exit(1)
+        _exit("ppo-train: config error", e, 2)
+    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
+        _exit("ppo-train: input error", e, 2)
+    except _loaded(_RUN_ERRORS) as e:
+        _exit("ppo-train: stopped", e, 1)
+
+
+def _exit(what: str, error: BaseException, code: int) -> NoReturn:
+    print(f"{what}: {error}", file=sys.stderr)
+    sys.exit(code)
 
 
 def last_checkpoint(output_dir: Path) -> str:
@@ -107,34 +104,26 @@ def last_checkpoint(output_dir: Path) -> str:
     return f"the last complete checkpoint is {checkpoints_dir(output_dir) / f'global_step_{steps[-1]}'}: rerun to continue"
 
 
-def _loaded_errors(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
-    """The exception classes (module, name) of modules already imported: the run imports them
-    lazily, and an error class of a module that never loaded cannot have been raised."""
+# Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
+_INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
+                 ("ppo_trainer.checkpoint", "CheckpointError"))
+_RUN_ERRORS = (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
+               ("ppo_trainer.workers.ray_backend", "WorkerError"))
+
+
+def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
+    """The (module, name) classes of modules already imported: one never loaded cannot have raised."""
     return tuple(getattr(sys.modules[module], name) for module, name in names
                  if hasattr(sys.modules.get(module), name))
 
 
-def _run_errors() -> tuple[type[BaseException], ...]:
-    """Failures that carry their own explanation (row, role, rank): one line, no traceback."""
-    return _loaded_errors(("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-                          ("ppo_trainer.workers.ray_backend", "WorkerError"))
-
-
 def _remove_if_empty(folder: Path) -> None:
-    """A dry run leaves nothing behind: drop the run folder Hydra created (and its parents below
-    the working directory) while they are empty."""
+    """Drop the empty run folder Hydra created, and its empty parents below the working directory."""
     cwd = Path.cwd().resolve()
     folder = folder.resolve()
     while folder != cwd and cwd in folder.parents and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
-
-
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """Errors of user input (data rows, files, model paths, checkpoints)."""
-    return (FileNotFoundError, *_loaded_errors(("ppo_trainer.data", "DataError"),
-                                               ("ppo_trainer.models.loading", "ModelPathError"),
-                                               ("ppo_trainer.checkpoint", "CheckpointError")))
 
 
 def train_main(argv: Optional[list[str]] = None) -> None:
@@ -149,8 +138,7 @@ def train_main(argv: Optional[list[str]] = None) -> None:
         try:
             check_overrides(overrides)
         except ConfigError as e:
-            print(f"ppo-train: config error: {e}", file=sys.stderr)
-            sys.exit(2)
+            _exit("ppo-train: config error", e, 2)
 
     import hydra
 
@@ -187,15 +175,12 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
 
         run_eval(overrides)
     except ConfigError as e:
-        print(f"ppo-eval: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except _input_errors() as e:
-        print(f"ppo-eval: input error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _exit("ppo-eval: config error", e, 2)
+    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
+        _exit("ppo-eval: input error", e, 2)
 
 
-# The engines' log levels, (quiet, trainer.verbose=true), read when they are imported; a level
-# the environment sets wins.
+# The engines' log levels (quiet, trainer.verbose=true), read at their import; the environment's win.
 _ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
 _USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
 

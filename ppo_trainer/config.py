@@ -1,8 +1,5 @@
-"""The config: one dataclass per group (the defaults live here, the YAML of configs/ says what
-differs), static validation and composition; a config problem is a `ConfigError` of one line
-naming the key, raised before anything heavy is imported. Units: batch sizes count prompts,
-`sampler.n` multiplies them into sequences, lengths count tokens.
-"""
+"""The schema (the defaults live here; configs/ says what differs), static validation and
+composition. Batch sizes count prompts (x sampler.n sequences), lengths count tokens."""
 
 from __future__ import annotations
 
@@ -44,13 +41,9 @@ class OptimConfig:
 
 
 @dataclass
-class ModelConfig:
-    """The actor (policy); the reference policy and, by default, the critic start from it."""
-
+class ModelConfig:  # the actor; the reference and, by default, the critic start from it
     path: str = "embedded:smollm2-135m-instruct"
-    # compute dtype (also the rollout engine's): auto = bfloat16 where the device computes it
-    # natively (CUDA, NPU, a CPU with avx512_bf16 or amx_bf16), else float32; master weights stay float32
-    dtype: str = "auto"
+    dtype: str = "auto"  # actor and rollout compute dtype; auto: bfloat16 where native, else float32
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
@@ -61,9 +54,7 @@ class ModelConfig:
 
 
 @dataclass
-class CriticConfig:
-    """The value model: a full-parameter backbone plus a Linear(hidden, 1) head."""
-
+class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(hidden, 1) head
     path: Optional[str] = None  # None: the actor's model.path
     dtype: str = "auto"  # as model.dtype
     gradient_checkpointing: bool = False
@@ -77,9 +68,7 @@ class CriticConfig:
 
 
 @dataclass
-class VllmConfig:
-    """Engine settings, used only by sampler=vllm."""
-
+class VllmConfig:  # sampler=vllm only
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: Optional[int] = None  # None: max_prompt_length + max_new_tokens
@@ -164,9 +153,7 @@ class DevicesConfig:
 
 
 @dataclass
-class ArithmeticConfig:
-    """The built-in generator of easy GSM8K-format word problems."""
-
+class ArithmeticConfig:  # the built-in generator of easy GSM8K-format word problems
     train_size: int = 20000
     val_size: int = 256
     max_operand: int = 20
@@ -175,9 +162,7 @@ class ArithmeticConfig:
 
 
 @dataclass
-class DigitsConfig:
-    """Digit tasks for the tiny model (data.source=digits; see ppo_trainer/data/digits.py)."""
-
+class DigitsConfig:  # data.source=digits: tasks for the tiny model (data/digits.py)
     task: str = "reverse"  # reverse (a digit string backwards) | sum (two digits, one-digit sum)
     min_length: int = 1  # reverse: training strings have min_length..length digits
     length: int = 3  # reverse: digits of the validation strings (held out from training)
@@ -203,9 +188,7 @@ class DataConfig:
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
     prompt_template: str = "{question} {instruction}"  # user message, then the chat template
     use_chat_template: bool = True
-    # None: the chat template's own default (SmolLM2's adds a ~20-token system prompt to every
-    # prompt); a string: that system message ("" for an empty one)
-    system_prompt: Optional[str] = None
+    system_prompt: Optional[str] = None  # None: the chat template's default system prompt
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     digits: DigitsConfig = field(default_factory=DigitsConfig)
 
@@ -262,8 +245,7 @@ class PPOConfig:
 
 
 def register_configs() -> None:
-    """Register the schema in Hydra's ConfigStore: ppo.yaml lists `ppo_schema` first in its
-    defaults, so every group option is merged into its typed node."""
+    """ppo.yaml lists `ppo_schema` first in its defaults: every group option merges into it."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
@@ -305,7 +287,7 @@ def unknown_key_error(key: str) -> ConfigError:
 
 
 def check_key(key: str) -> None:
-    """Raise ConfigError unless `key` (dotted) names a schema field or lies inside a list/dict field."""
+    """Raise ConfigError unless the dotted `key` names a schema field or lies in a list/dict field."""
     if key in _KEYS:
         return
     parts = key.split(".")
@@ -332,8 +314,7 @@ def check_value(key: str, value: Any) -> None:
 
 
 def to_schema(cfg: DictConfig) -> DictConfig:
-    """Merge a composed config (Hydra strips its `hydra` node) into the typed schema: unknown
-    keys and wrong types raise ConfigError."""
+    """The composed config merged into the typed schema; unknown keys and wrong types raise ConfigError."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
         OmegaConf.resolve(merged)
@@ -346,8 +327,7 @@ def to_schema(cfg: DictConfig) -> DictConfig:
 
 
 def kl_in_reward(cfg: DictConfig) -> bool:
-    """Whether the reward carries a KL penalty: algorithm.use_kl_in_reward (None: the opposite of
-    algorithm.use_kl_loss) and a nonzero gae.kl_coef. The one place that resolves the default."""
+    """The one place that resolves algorithm.use_kl_in_reward=None (not use_kl_loss); needs gae.kl_coef > 0."""
     a = cfg.algorithm
     routed = (not a.use_kl_loss) if a.use_kl_in_reward is None else a.use_kl_in_reward
     return bool(routed) and cfg.gae.kl_coef > 0
@@ -365,8 +345,7 @@ def kl_route(cfg: DictConfig) -> str:
 
 
 def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
-    """Counts per PPO step implied by the config: the one place that turns prompts into
-    sequences (x sampler.n) and mini-batches into optimizer steps (the plan prints it)."""
+    """Counts per PPO step: the one place that turns prompts into sequences and optimizer steps."""
     prompts, n, a = cfg.data.train_batch_size, cfg.sampler.n, cfg.algorithm
     mini_batches = prompts // a.ppo_mini_batch_size
     return {
@@ -381,8 +360,7 @@ def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
 
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
-    """Optimizer steps a role ("actor" or "critic") takes over the run: the cosine schedule's
-    horizon. The actor sits out the algorithm.critic_warmup steps."""
+    """The cosine horizon of "actor" or "critic"; the actor sits out algorithm.critic_warmup steps."""
     ppo_steps = cfg.trainer.total_steps
     if role == "actor":
         ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
@@ -394,9 +372,10 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"'{key}' {message}")
 
 
-def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    value = OmegaConf.select(cfg, key)
-    _require(value in allowed, key, f"is {value!r}; allowed values: {', '.join(allowed)}")
+def _one_of(cfg: DictConfig, allowed: tuple[str, ...], *keys: str) -> None:
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        _require(value in allowed, key, f"is {value!r}; allowed values: {', '.join(allowed)}")
 
 
 def _lower_bound(cfg: DictConfig, op: str, low: float, *keys: str) -> None:
@@ -415,33 +394,31 @@ def _in_interval(cfg: DictConfig, interval: str, *keys: str) -> None:
         _require(ok, key, f"must be in {interval}, got {value}")
 
 
+_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
 def validate_static(cfg: DictConfig) -> DictConfig:
-    """Schema, ranges and batch arithmetic (no file or device access): the typed, resolved
-    config, or ConfigError with one line naming the key."""
+    """Schema, ranges and batch arithmetic, without file or device access: the typed, resolved config."""
     cfg = to_schema(cfg)
     m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
-    _one_of(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
-    _one_of(cfg, "critic.dtype", ("auto", "float32", "bfloat16", "float16"))
-    _one_of(cfg, "model.attn_implementation", ("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
-    _one_of(cfg, "model.optim.schedule", ("constant", "cosine"))
-    _one_of(cfg, "critic.schedule", ("constant", "cosine"))
-    _one_of(cfg, "sampler.name", ("hf", "vllm"))
-    _one_of(cfg, "gae.kl_penalty", choices.KL_KINDS)
-    _one_of(cfg, "gae.kl_ctrl", choices.KL_CTRLS)
-    _one_of(cfg, "gae.lam_mode", choices.LAM_MODES)
-    _one_of(cfg, "algorithm.rollout_correction", choices.ROLLOUT_CORRECTIONS)
-    _one_of(cfg, "algorithm.loss_agg_mode", choices.AGG_MODES)
-    _one_of(cfg, "algorithm.kl_loss_type", choices.KL_KINDS)
-    _one_of(cfg, "devices.backend", ("local", "ray"))
-    _one_of(cfg, "devices.accelerator", ("cpu", "cuda", "npu", "auto"))
-    _one_of(cfg, "data.bad_rows", ("error", "skip"))
-    _one_of(cfg, "reward.mode", ("strict", "flexible"))
-    _one_of(cfg, "reward.on_error", ("raise", "zero"))
-    _one_of(cfg, "trainer.objective_direction", ("maximize", "minimize"))
+    _one_of(cfg, ("auto", "float32", "bfloat16", "float16"), "model.dtype", "critic.dtype")
+    _one_of(cfg, ("sdpa", "eager", "flash_attention_2", "flash_attention_3"), "model.attn_implementation")
+    _one_of(cfg, ("constant", "cosine"), "model.optim.schedule", "critic.schedule")
+    _one_of(cfg, ("hf", "vllm"), "sampler.name")
+    _one_of(cfg, choices.KL_KINDS, "gae.kl_penalty", "algorithm.kl_loss_type")
+    _one_of(cfg, choices.KL_CTRLS, "gae.kl_ctrl")
+    _one_of(cfg, choices.LAM_MODES, "gae.lam_mode")
+    _one_of(cfg, choices.ROLLOUT_CORRECTIONS, "algorithm.rollout_correction")
+    _one_of(cfg, choices.AGG_MODES, "algorithm.loss_agg_mode")
+    _one_of(cfg, ("local", "ray"), "devices.backend")
+    _one_of(cfg, ("cpu", "cuda", "npu", "auto"), "devices.accelerator")
+    _one_of(cfg, ("error", "skip"), "data.bad_rows")
+    _one_of(cfg, ("strict", "flexible"), "reward.mode")
+    _one_of(cfg, ("raise", "zero"), "reward.on_error")
+    _one_of(cfg, ("maximize", "minimize"), "trainer.objective_direction")
     for logger in t.loggers:
-        _require(logger in ("console", "jsonl", "tensorboard", "wandb", "mlflow"), "trainer.loggers",
-                 f"has {logger!r}; allowed values: console, jsonl, tensorboard, wandb, mlflow")
+        _require(logger in _LOGGERS, "trainer.loggers", f"has {logger!r}; allowed values: {', '.join(_LOGGERS)}")
     _lower_bound(cfg, ">=", 0, "model.optim.warmup_steps", "critic.warmup_steps", "gae.kl_coef",
                  "algorithm.entropy_coef", "algorithm.critic_warmup", "algorithm.kl_loss_coef", "trainer.val_every",
                  "trainer.save_every", "trainer.log_samples")
@@ -511,7 +488,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              "is set but data.use_chat_template=false has no system turn; remove it or use the chat template")
     _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
     if d.source == "digits":
-        _one_of(cfg, "data.digits.task", ("reverse", "sum"))
+        _one_of(cfg, ("reverse", "sum"), "data.digits.task")
         _lower_bound(cfg, ">=", 1, "data.digits.train_size", "data.digits.val_size")
         _require(1 <= d.digits.min_length <= d.digits.length, "data.digits.min_length",
                  f"({d.digits.min_length}) must be in [1, data.digits.length={d.digits.length}]")
@@ -532,8 +509,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 
 # --- Composition: the YAML tree in configs/, command-line overrides checked against the schema
 
-# configs/ at the repository root (a source checkout) or ppo_trainer/configs/ (an installed
-# wheel, where pyproject.toml maps it as package data): the one place that decides.
+# ppo_trainer/configs/ in an installed wheel (package data), configs/ at the root of a checkout.
 CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
                   if (d / "ppo.yaml").is_file())
 CONFIG_NAME = "ppo"
@@ -560,8 +536,7 @@ def normalize_overrides(overrides: list[str]) -> list[str]:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Check every override against the schema and the group options: catches what Hydra lets
-    through (`+gae.gama=0.9` adds a key) and says in one line what Hydra says in several."""
+    """Check overrides against the schema and group options: Hydra lets `+gae.gama=0.9` add a key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -595,8 +570,7 @@ def check_overrides(overrides: list[str]) -> None:
 
 
 def _assigned_values(override: Any) -> list[Any]:
-    """The values an override may assign: its value, each value of a choice or range sweep, or
-    the bounds of an interval (Optuna); none for a glob."""
+    """The values an override may assign: each of a choice or range sweep, an interval's bounds, none for a glob."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 
     value = override.value()
@@ -626,8 +600,7 @@ def check_sweeper(name: str) -> None:
 
 
 def check_sweep_file(name: str) -> None:
-    """Check configs/sweep/NAME.yaml before Hydra runs it: the sweeper it selects is installed,
-    and its hydra.sweeper.params pass the same checks as command-line overrides."""
+    """configs/sweep/NAME.yaml: its sweeper is installed, its hydra.sweeper.params pass check_overrides."""
     path = CONFIG_DIR / "sweep" / f"{name}.yaml"
     sweep = OmegaConf.to_container(OmegaConf.load(path))
     for entry in sweep.get("defaults") or []:

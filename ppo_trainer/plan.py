@@ -1,7 +1,5 @@
-"""The run plan (roles, devices, batch arithmetic) and `environment_problems`, the checks of
-this machine (packages, files, model paths, devices): a real run stops on the first problem
-before any model loads; a dry run lists them as warnings.
-"""
+"""The dry run's plan, and `environment_problems` (this machine's packages, files, models and
+devices): a real run stops on the first before any model loads, a dry run lists them."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
         f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
-        f"kl:        {kl_route(cfg)}{kl_details(cfg)}",
-        *correction_lines(cfg),
+        *algorithm_lines(cfg),
         "", "# devices", *placement_lines(cfg),
         "", "# batch arithmetic (per PPO step)",
         *(f"{key.replace('_', ' ')}: {value}" for key, value in batch_arithmetic(cfg).items()),
@@ -43,9 +40,12 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     return "\n".join(lines)
 
 
-def correction_lines(cfg: DictConfig) -> list[str]:
-    """The lambdas of the two learners and the rollout correction, as the run will use them."""
+def algorithm_lines(cfg: DictConfig) -> list[str]:
+    """The KL terms, the lambdas of the two learners and the rollout correction, as the run uses them."""
     g, a = cfg.gae, cfg.algorithm
+    kl_keys = ["gae.kl_coef"] if kl_route(cfg) in ("reward", "both") else []
+    if a.use_kl_loss:
+        kl_keys.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
     policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
     critic = str(g.lam if g.critic_lam is None else g.critic_lam)
     if a.critic_warmup:
@@ -53,24 +53,13 @@ def correction_lines(cfg: DictConfig) -> list[str]:
     correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
-    return [f"lambda:    policy advantages {policy}, critic returns {critic}",
+    return [f"kl:        {kl_route(cfg)}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
+            f"lambda:    policy advantages {policy}, critic returns {critic}",
             f"rollout correction: {correction}"]
 
 
-def kl_details(cfg: DictConfig) -> str:
-    """Which keys set the KL terms that are on, for the plan's kl line."""
-    a = cfg.algorithm
-    parts = []
-    if kl_route(cfg) in ("reward", "both"):
-        parts.append("gae.kl_coef")
-    if a.use_kl_loss:
-        parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
 def dtype_summary(cfg: DictConfig) -> str:
-    """The compute dtypes of the actor and rollout (model.dtype) and of the critic, with why `auto`
-    chose what it chose on this machine's accelerator."""
+    """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
     device_type = detect(cfg.devices.accelerator).torch_device_type
     parts = []
     for label, key in (("actor and rollout", "model.dtype"), ("critic", "critic.dtype")):
@@ -84,8 +73,7 @@ def dtype_summary(cfg: DictConfig) -> str:
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:
-    """The devices section of the plan: backend, accelerator naming, and `plan_placement`'s pools
-    and ranks (node indices are the plan's; Ray pins each to a real node with that much free)."""
+    """Backend, accelerator and `plan_placement`'s pools (Ray pins each plan node to a real one)."""
     dev = cfg.devices
     kind = detect(dev.accelerator)  # auto: what this machine has
     placement = plan_placement(cfg)
@@ -118,22 +106,13 @@ def environment_problems(cfg: DictConfig) -> list[str]:
         for path in cfg.data[key]:
             if not Path(path).exists():
                 problems.append(f"data.{key}: file not found: {path}")
-    model_problem = model_path_problem(cfg.model.path, "model.path")
-    if model_problem:
-        problems.append(model_problem)
-    if cfg.critic.path:
-        critic_problem = model_path_problem(cfg.critic.path, "critic.path", part="critic")
-        if critic_problem:
-            problems.append(critic_problem)
-    device_problem = device_count_problem(cfg)
-    if device_problem:
-        problems.append(device_problem)
-    return problems
+    critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
+    others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg))
+    return problems + [problem for problem in others if problem]
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:
-    """Compare the devices the config asks for with those of this machine (unless joining a
-    cluster): a local Ray is one node, so a plan over several nodes is a problem here too."""
+    """Devices asked for against this machine's, unless joining a cluster (a local Ray is one node)."""
     accel = cfg.devices.accelerator
     if accel in ("cpu", "auto") or cfg.devices.ray.address:
         return None

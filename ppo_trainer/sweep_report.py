@@ -1,11 +1,6 @@
-"""`ppo-sweep-report SWEEP_DIR`: compare the runs of one sweep (`ppo-train --multirun ...`).
-
-Reads the job folders (`SWEEP_DIR/0`, `1`, ...: `config.yaml`, `metrics.jsonl`, `overrides.yaml`
-or Hydra's `.hydra/overrides.yaml`) and writes report.md (also printed) and report.csv, one row
-per run sorted by the final `trainer.objective`, and val_accuracy.png. The table shows what differs
-between runs: their overrides, or without recorded overrides the differing `config.yaml` values.
-Train time is the sum of `timing_s/step` (rollouts and updates, without loading and validation).
-"""
+"""`ppo-sweep-report SWEEP_DIR`: one row per job folder of a sweep, sorted by the final
+`trainer.objective`, showing what differs between runs. Train time sums `timing_s/step`
+(rollouts and updates, without loading and validation)."""
 
 from __future__ import annotations
 
@@ -96,9 +91,8 @@ def find_runs(sweep_dir: Path) -> list[Run]:
 
 
 def split_overrides(runs: list[Run]) -> list[str]:
-    """Fill each run's `swept` (key -> value it sets that not every run sets alike) and return the
-    overrides common to all runs. Without recorded overrides for every run, `swept` holds the
-    config values that differ between runs."""
+    """Fill each run's `swept` (its overrides not shared by all, else its differing config values);
+    return the overrides shared by all runs."""
     if all(run.overrides is not None for run in runs):
         shared = [o for o in runs[0].overrides if all(o in run.overrides for run in runs)] if len(runs) > 1 else []
         for run in runs:
@@ -224,8 +218,7 @@ def plot_accuracy(report: Report, out: Path) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point of `ppo-sweep-report`: write report.md, report.csv and val_accuracy.png into
-    SWEEP_DIR and print the markdown."""
+    """Entry point of `ppo-sweep-report`."""
     parser = argparse.ArgumentParser(
         prog="ppo-sweep-report",
         description="Compare the runs of a sweep: a table sorted by the objective (printed, report.md, "

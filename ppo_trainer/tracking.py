@@ -1,11 +1,9 @@
-"""Where metrics go: the console (a progress bar and a line per step), metrics.jsonl,
-samples.jsonl, tensorboard / wandb / mlflow (trainer.loggers), plots.png at the end; what the
-engines print goes to <output_dir>/engine.log (`engine_output_to_file`).
-"""
+"""Where metrics go (trainer.loggers, metrics.jsonl, samples.jsonl, plots.png), and engine.log."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -26,8 +24,7 @@ CONSOLE_COLUMNS = [
     ("response_length/mean", "resp_len", "{:.1f}"),
     ("timing_s/step", "step_s", "{:.1f}"),
 ]
-PLOTTED = ["critic/score/mean", "val/accuracy", "actor/reward_kl_penalty", "critic/vf_loss",
-           "critic/vf_explained_var", "response_length/mean"]
+PLOTTED = [key for key, _, _ in CONSOLE_COLUMNS if key != "timing_s/step"]
 _SECRET = re.compile(r"(?i)(token|secret|password|api[_-]?key)")
 
 
@@ -43,8 +40,7 @@ def mask_secrets(value: Any, key: str = "") -> Any:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step: a resumed run rewrites what came after its
-    checkpoint. A line cut short by a kill (not valid JSON) is dropped with them."""
+    """Keep the records of steps <= last_step (a resumed run rewrites the rest) and no cut-short line."""
     if path.exists():
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= last_step))
@@ -55,17 +51,14 @@ _console: Optional[TextIO] = None  # the terminal while engine_output_to_file is
 
 
 def console_stream() -> TextIO:
-    """Where the run's own console lines go: the terminal (stdout), also while the process's
-    stdout and stderr are redirected into engine.log."""
+    """The terminal, also while descriptors 1 and 2 go into engine.log."""
     return _console or sys.stdout
 
 
 @contextlib.contextmanager
 def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[None]:
-    """Redirect file descriptors 1 and 2 into `log_path` (appending): descriptors, not sys.stdout,
-    so that C++ warnings (torch, oneDNN) and child processes (Ray, vLLM), which inherit them, land
-    there too. The step lines (`console_stream`) and the "ppo_trainer" logger stay on the terminal.
-    `verbose`: no redirection. An engine.log left empty is removed."""
+    """Append descriptors 1 and 2 (not sys.stdout: C++ warnings and child processes inherit them) to
+    `log_path`; `console_stream` and the "ppo_trainer" logger stay on the terminal. An empty log is removed."""
     global _console
     if verbose:
         yield
@@ -120,8 +113,9 @@ class Tracker:
         if "wandb" in loggers:
             import wandb
 
+            run_id = hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]  # a rerun resumes it
             run = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
-                             dir=str(output_dir), resume="allow", id=_run_id(output_dir))
+                             dir=str(output_dir), resume="allow", id=run_id)
             self._sinks.append((lambda step, m: run.log(m, step=step), run.finish))
         if "mlflow" in loggers:
             import mlflow
@@ -166,23 +160,14 @@ class Tracker:
         write_plots(self.metrics_path, self.output_dir / "plots.png")
 
 
-def run_summary(
-    output_dir: Path,
-    *,
-    steps: tuple[int, int, int],
-    seconds: float,
-    objective_name: str,
-    final: tuple[Optional[int], Optional[float]],
-    best: tuple[Optional[int], Optional[float]],
-    best_dir: Optional[Path],
-    last_dir: Optional[Path],
-    stopped_by: Optional[str] = None,
-) -> str:
-    """The block printed when a run ends or a signal stops it after saving.
+StepValue = tuple[Optional[int], Optional[float]]  # (step, value) of the objective, or (None, None)
 
-    steps: (first step of this invocation, last step done, trainer.total_steps); final and best:
-    (step, value) of the objective, or (None, None).
-    """
+
+def run_summary(output_dir: Path, *, steps: tuple[int, int, int], seconds: float, objective_name: str,
+                final: StepValue, best: StepValue, best_dir: Optional[Path], last_dir: Optional[Path],
+                stopped_by: Optional[str] = None) -> str:
+    """The block printed when a run ends or a signal stops it after saving.
+    steps: (first step of this invocation, last step done, trainer.total_steps)."""
     first, done, total = steps
     if stopped_by is not None:
         head = f"run stopped by {stopped_by} after step {done} of {total}; rerun the same command to continue"
@@ -191,7 +176,7 @@ def run_summary(
     else:
         head = f"run finished: {done} of {total} steps"
 
-    def value(step_value: tuple[Optional[int], Optional[float]]) -> str:
+    def value(step_value: StepValue) -> str:
         step, number = step_value
         return "n/a" if step is None else f"{number:.4g} (step {step})"
 
@@ -225,8 +210,7 @@ def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl or samples.jsonl in step order (stable); a line cut short (a
-    job still writing, or killed mid-write) is skipped."""
+    """The records in step order (stable), without a line cut short (still writing, or killed)."""
     records = []
     for line in path.read_text().splitlines() if path.is_file() else []:
         try:
@@ -255,8 +239,7 @@ def as_number(value: Any) -> Optional[float]:
 
 def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
          size: tuple[float, float]) -> Path:
-    """Write a figure of curves against step: panels of (title, [(label or None, points)]), each
-    panel `size` inches."""
+    """Curves against step: panels of (title, [(label or None, points)]), each `size` inches."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -308,9 +291,3 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{key}"] = value
     return out
 
-
-def _run_id(output_dir: Path) -> str:
-    """A stable wandb run id per output folder, so a resumed run continues the same wandb run."""
-    import hashlib
-
-    return hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]
