@@ -1,7 +1,4 @@
-"""One PPO step's advantages, between the critic's values and the updates: token rewards, GAE with
-one lambda per learner, whitening, and the step's reward/advantage metrics (shapes: see
-``ppo_trainer.core``).
-"""
+"""One PPO step's advantages: token rewards, GAE with one lambda per learner, whitening, metrics."""
 
 from __future__ import annotations
 
@@ -39,13 +36,9 @@ def compute(
     scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
     response_mask: torch.Tensor, gae: Any, *, kl_coef: float, step: int, critic_warmup: int,
 ) -> Advantages:
-    """Token rewards (score minus ``kl_coef`` x the gae.kl_penalty KL; ``ref_logprobs=None``: no
-    KL), GAE with ``lambdas``, optional whitening (gae.normalize_advantages) of the advantages.
-
-    ``gae``: the ``gae`` config section (gamma, lam, critic_lam, lam_mode, adaptive_alpha,
-    kl_penalty, normalize_advantages). At step 1 and at the first step after the warm-up (fresh
-    rollouts, still of the initial policy), critic/warmup_vf_explained_var_before / _after
-    measure the critic against the Monte Carlo returns.
+    """Token rewards (``ref_logprobs=None``: no KL), GAE with ``lambdas``, optional whitening;
+    ``gae``: the ``gae`` config section. At step 1 and the first step after the warm-up,
+    critic/warmup_vf_explained_var_before / _after measure the critic on Monte Carlo returns.
     """
     mask = response_mask
     rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)

@@ -1,6 +1,5 @@
-"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, aggregation, and the
-actor's and critic's micro-batch losses built from them (shapes: see ``ppo_trainer.core``).
-"""
+"""PPO losses: clipped policy and value losses, KL penalties, aggregation, and the actor's and
+critic's micro-batch losses built from them."""
 
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ def aggregate(
     seq-mean-token-sum      sum over rows of (row's summed valid token loss) / global_seqs
     ======================  ===================================================================
 
-    The denominators are the counts of the whole mini-batch (all micro-batches and ranks): with
-    each micro-batch's own count, the summed micro-batch losses would differ from the full-batch
-    loss whenever micro-batches hold different numbers of tokens. ``None`` uses the local count
-    (one call on the full batch is the reference). Rows without valid tokens contribute 0.
+    The counts are the whole mini-batch's (all micro-batches and ranks), so the micro-batch losses
+    sum to the full-batch loss; ``None``: the local count. Rows without valid tokens give 0.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
@@ -158,19 +155,16 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
-
 def actor_loss(
     logprobs: torch.Tensor, entropy: torch.Tensor | None, old_logprobs: torch.Tensor, advantages: torch.Tensor,
     response_mask: torch.Tensor, ref_logprobs: torch.Tensor | None, rollout_weights: torch.Tensor | None,
     algorithm: Any, global_tokens: Count, global_seqs: Count,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's share of the actor's mini-batch loss: the clipped policy loss (weighted by
-    ``rollout_weights``), minus entropy_coef x entropy when ``entropy`` [B, T] is given, plus
-    kl_loss_coef x KL to the reference with use_kl_loss, aggregated with the mini-batch's global
-    counts. ``algorithm``: the ``algorithm`` config section.
+    """One micro-batch's share of the actor's loss: the clipped policy loss, minus entropy_coef x
+    entropy when ``entropy`` [B, T] is given, plus kl_loss_coef x KL with use_kl_loss.
 
-    Returns the loss and detached shares (summing over micro-batches to the mini-batch value) of
-    pg_loss, pg_clipfrac, ppo_kl, and of update_entropy and kl_loss when their term is on.
+    Returns the loss and detached shares of pg_loss, pg_clipfrac, ppo_kl, and of update_entropy
+    and kl_loss when their term is on.
     """
     a, mask = algorithm, response_mask
     norm = {"global_tokens": global_tokens, "global_seqs": global_seqs}
@@ -195,8 +189,7 @@ def critic_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
     clip: float | None, agg: str, global_tokens: Count, global_seqs: Count,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's share of the critic's mini-batch value loss (``value_loss`` with the
-    global counts) and detached shares of vf_loss and vf_clipfrac."""
+    """One micro-batch's share of the value loss and detached shares of vf_loss and vf_clipfrac."""
     out = value_loss(values, old_values, returns, response_mask, clip, agg, global_tokens, global_seqs)
     share = response_mask.sum() / global_tokens
     return out.loss, {"vf_loss": out.loss.detach(), "vf_clipfrac": out.clipfrac * share}
