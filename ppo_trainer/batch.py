@@ -36,10 +36,8 @@ class Batch:
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
 
-    Non-tensor fields are per-row lists: `prompt_text`, `response_text`, `ground_truth`,
-    `prompt_index` (row of the source dataset). Fields not yet computed are None. Each [B, P+T]
-    or [B, T] field names its column block in its metadata, which `trim_padding` and `concat`'s
-    padding follow.
+    Non-tensor fields are per-row lists; fields not yet computed are None. Each [B, P+T] or [B, T]
+    field names its column block in its metadata, which the reshaping methods follow.
     """
 
     input_ids: torch.Tensor = field(metadata={"block": "full", "pad": "pad_id"})
@@ -109,10 +107,8 @@ class Batch:
         return prompt_lens, (response_real * torch.arange(1, T + 1)).amax(dim=1)
 
     def trim_padding(self) -> "Batch":
-        """The same rows without the prompt columns that are padding in every row (on the left)
-        and the response columns that are padding in every row (on the right; at least one of
-        each is kept). The prompt/response boundary stays the boundary; position_ids travel with
-        their tokens."""
+        """The same rows without the columns that are padding in every row (left of the prompts,
+        right of the responses; at least one of each kept)."""
         P, T = self.prompt_length, self.response_length
         prompt_lens, response_lens = self.row_extents()
         keep_p = max(1, int(prompt_lens.max()))
@@ -137,9 +133,8 @@ class Batch:
         return self.with_fields(**out)
 
     def deal(self, parts: int) -> list[list[int]]:
-        """Row indices in `parts` shares of near-equal real tokens: longest rows first, each to the
-        share with the fewest tokens so far (ties: fewer rows, then the lower share); each share
-        ascending. Deterministic, so every rank computes the same split."""
+        """Row indices (ascending) in `parts` shares of near-equal real tokens: longest rows first,
+        each to the lightest share. Deterministic, so every rank computes the same split."""
         tokens = self.num_tokens().tolist()
         load = [0] * parts
         shares: list[list[int]] = [[] for _ in range(parts)]

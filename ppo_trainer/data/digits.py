@@ -24,8 +24,7 @@ SUM_PAIRS = tuple((a, b) for a in range(10) for b in range(10) if a + b <= 9)
 
 
 def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
-    """Rows {"question", "answer"} of split "train" (`cfg.train_size` rows drawn with `cfg.seed`)
-    or "val" (drawn with the fixed VAL_SEED). Raises ValueError for an unknown `cfg.task`."""
+    """Rows {"question", "answer"} of split "train" or "val" of `cfg.task`."""
     want_val = split == "val"
     if cfg.task == "sum":
         if want_val:

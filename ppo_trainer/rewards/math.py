@@ -58,9 +58,8 @@ def answers_equal(answer: str, ground_truth: str) -> bool:
 
 def score(response: str, ground_truth: str, *, mode: str = "strict", format_score: float = 0.0,
           correct_score: float = 1.0) -> float:
-    """Reward of one response: `correct_score` if its answer (mode "strict": the number after the
-    last "####"; "flexible": the last number in the text) equals `ground_truth`, `format_score` if
-    it differs, 0.0 if there is none."""
+    """`correct_score` if the answer of `mode` (`EXTRACTORS`) equals `ground_truth`, `format_score`
+    if it differs, 0.0 if there is none."""
     if mode not in EXTRACTORS:
         raise ValueError(f"reward mode {mode!r} is unknown; use 'strict' or 'flexible'")
     answer = EXTRACTORS[mode](response)
