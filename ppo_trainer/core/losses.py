@@ -21,7 +21,6 @@ class PolicyLossOutput(NamedTuple):
     loss: torch.Tensor
     clipfrac: torch.Tensor  # actor/pg_clipfrac: tokens where the ratio clip was active
     approx_kl: torch.Tensor  # actor/ppo_kl
-    dual_clipfrac: torch.Tensor  # tokens where the dual-clip bound was active (0 if disabled)
 
 
 class ValueLossOutput(NamedTuple):
@@ -87,17 +86,13 @@ def policy_loss(
     loss_mat = torch.maximum(unclipped, clipped)
     clipfrac = clip_fraction(clipped > unclipped, valid)
 
-    dual_clipfrac = torch.zeros((), device=loss_mat.device)
     if dual_clip is not None:
-        bound = -advantages * dual_clip
-        negative = advantages < 0
-        dual_clipfrac = clip_fraction(negative & (loss_mat > bound), valid)
-        loss_mat = torch.where(negative, torch.minimum(loss_mat, bound), loss_mat)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, -advantages * dual_clip), loss_mat)
     if token_weights is not None:
         loss_mat = loss_mat * torch.where(valid, token_weights.detach(), 0)
 
     loss = aggregate(loss_mat, valid, agg, global_tokens, global_seqs)
-    return PolicyLossOutput(loss, clipfrac, approx_kl(logprobs, old_logprobs, valid), dual_clipfrac)
+    return PolicyLossOutput(loss, clipfrac, approx_kl(logprobs, old_logprobs, valid))
 
 
 def value_loss(
