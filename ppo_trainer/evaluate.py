@@ -75,9 +75,6 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     return max(0.0, center - half), min(1.0, center + half)
 
 
-# ---------------------------------------------------------------------------------- ppo-eval
-
-
 def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Optional[int]]:
     """(model folder, run folder or None, checkpoint step or None) of a ppo-eval model.path: a
     model, a checkpoint's actor folder, a `global_step_N` folder (its merged LoRA export, else its

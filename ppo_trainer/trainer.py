@@ -70,8 +70,6 @@ class Trainer:
         self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
         self._stop_requested: Optional[str] = None
 
-    # ------------------------------------------------------------------------------ building
-
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         """Data, reward and resume state are checked before any model loads; then the groups."""
@@ -94,8 +92,6 @@ class Trainer:
         if resume_from is not None:
             trainer.load(resume_from, *resume_state)
         return trainer
-
-    # ------------------------------------------------------------------------------ the loop
 
     def fit(self) -> Optional[float]:
         """Run to trainer.total_steps (or stop_after_steps); returns the last trainer.objective value."""
@@ -274,8 +270,6 @@ class Trainer:
         return [{"prompt": batch.prompt_text[i], "response": batch.response_text[i],
                  "ground_truth": batch.ground_truth[i], "score": batch.scores[i].item()} for i in rows]
 
-    # ------------------------------------------------------------------------------ validation
-
     def validate(self) -> dict[str, float]:
         """val/accuracy and val/score/mean of greedy responses (`evaluate_records`, as ppo-eval)."""
         e = self.cfg.eval
@@ -289,8 +283,6 @@ class Trainer:
                                   on_error=self.cfg.reward.on_error)
         self.rollout.run_all("sleep")
         return {"val/accuracy": result["accuracy"], "val/score/mean": result["mean_score"]}
-
-    # ------------------------------------------------------------------------------ checkpoints
 
     def save(self, best: bool = False) -> Path:
         """Write checkpoints/global_step_N atomically (`checkpoint.commit`)."""

@@ -19,12 +19,9 @@ class Advantages(NamedTuple):
 
 
 def lambdas(response_mask: torch.Tensor, gae: Any, step: int, critic_warmup: int) -> tuple[Any, float]:
-    """One lambda per learner (VC-PPO): the policy's (gae.lam, or a [B] tensor with
-    gae.lam_mode=adaptive, VAPO) and the critic's (gae.critic_lam, default gae.lam).
-
-    During the ``critic_warmup`` first steps the critic learns lambda-1 (Monte Carlo) returns,
-    which do not lean on its own untrained values, of the initial policy's rollouts (the actor is
-    not updated yet).
+    """One lambda per learner (VC-PPO): the policy's (gae.lam, or [B] with lam_mode=adaptive) and
+    the critic's (gae.critic_lam, default gae.lam). During the ``critic_warmup`` first steps the
+    critic learns Monte Carlo returns (lambda 1), which do not lean on its own untrained values.
     """
     policy = adaptive_lambda(response_mask, gae.adaptive_alpha) if gae.lam_mode == "adaptive" else gae.lam
     critic = 1.0 if step <= critic_warmup else (gae.lam if gae.critic_lam is None else gae.critic_lam)

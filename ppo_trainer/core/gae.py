@@ -81,13 +81,9 @@ def compute_gae(
 
 
 def adaptive_lambda(response_mask: torch.Tensor, alpha: float) -> torch.Tensor:
-    """VAPO's length-adaptive lambda (Yue et al. 2025), [B] float32: ``clamp(1 - 1 / (alpha * l),
-    0, 1)``, ``l`` the row's valid tokens of ``response_mask`` [B, T].
-
-    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the first
-    tokens of a long response hardly see the final score; this keeps the sum of the GAE weights,
-    1 / (1 - lambda) = alpha * l, proportional to the length. Rows of at most 1 / alpha tokens
-    (and empty rows) get 0.
+    """VAPO's length-adaptive lambda (Yue et al. 2025), [B]: ``clamp(1 - 1 / (alpha * l), 0, 1)``,
+    ``l`` the row's valid tokens. A fixed lambda < 1 discounts a reward l tokens away by lambda^l;
+    this keeps the sum of the GAE weights, 1 / (1 - lambda) = alpha * l, proportional to the length.
     """
     lengths = response_mask.bool().sum(dim=-1).float()
     return torch.clamp(1 - 1 / (alpha * lengths), 0, 1)

@@ -65,11 +65,10 @@ def policy_loss(
 ) -> PolicyLossOutput:
     """Clipped PPO surrogate, to be minimised, reduced by ``aggregate``.
 
-    Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
-    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with
-    A < 0 are also capped at ``-c * A``: a huge ratio on a bad action would otherwise give an
-    unbounded loss. ``token_weights`` [B, T] (``core.rollout_correction``) multiply each token's
-    clipped loss as detached constants; the aggregation's denominators stay the counts.
+    Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``, ``r = exp(logprobs -
+    old_logprobs)``. With ``dual_clip = c > 1`` tokens with A < 0 are capped at ``-c * A`` (a huge
+    ratio on a bad action would give an unbounded loss). ``token_weights`` [B, T] multiply each
+    token's loss as constants; the denominators stay the counts.
     """
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
@@ -100,12 +99,9 @@ def value_loss(
     clip: float | None = None, agg: str = "token-mean", global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> ValueLossOutput:
-    """Clipped value loss, to be minimised, reduced by ``aggregate``.
-
-    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``: a token whose
-    prediction already moved more than ``c`` from its rollout-time value gives no further
-    gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
-    """
+    """Clipped value loss, reduced by ``aggregate``: per token ``0.5 * max((v - R)^2, (v_old +
+    clip(v - v_old, -c, c) - R)^2)`` (a prediction that moved more than ``c`` from its rollout-time
+    value gets no further gradient); ``clip=None``: ``0.5 * (v - R)^2``."""
     valid = response_mask.bool()
     values = torch.where(valid, values, 0)
     returns = torch.where(valid, returns, 0)

@@ -59,8 +59,6 @@ class ActorEngine(FSDPEngine):
             )
             self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
 
-    # ----------------------------------------------------------------------------- scoring
-
     def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
         batch.require("response_mask", user="scoring")
         truncation = self.truncation if truncate else {}
@@ -92,8 +90,6 @@ class ActorEngine(FSDPEngine):
         with self.policy.adapter_disabled():
             return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
-    # ----------------------------------------------------------------------------- training
-
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
         logp, ent = self.module(
@@ -111,8 +107,6 @@ class ActorEngine(FSDPEngine):
                       *(["rollout_weights"] if a.rollout_correction != "none" else []), user="the actor update")
         stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, a, self.seed)
         return {f"actor/{k}": v for k, v in stats.items()}
-
-    # ----------------------------------------------------------------------------- export
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         """Full float32 state on rank 0 with the wrapper prefix removed ({} elsewhere)."""

@@ -88,16 +88,12 @@ class FSDPEngine:
         self.updates = 0  # calls of `train`, part of the resume state (it seeds the shuffling)
         self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
-    # ----------------------------------------------------------------------------- inference
-
     @torch.no_grad()
     def forward_rows(
         self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]
     ) -> list[torch.Tensor]:
-        """Run `fn(micro_batch_on_device)` over this rank's rows, in micro-batches of `budget`
-        tokens, in eval mode; reassemble each returned [b, t] tensor into a CPU [B, T] float32
-        tensor (0 beyond a micro-batch's trimmed width). A collective call: every rank calls it.
-        """
+        """`fn(micro_batch_on_device)` over this rank's rows in eval mode, each returned [b, t]
+        reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width)."""
         was_training = self.module.training
         self.module.eval()
         outputs: list[torch.Tensor] = []
@@ -114,8 +110,6 @@ class FSDPEngine:
             self.module.reshard()  # the root keeps its parameters gathered after a forward
             self.module.train(was_training)
         return outputs
-
-    # ----------------------------------------------------------------------------- training
 
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
         """PPO update: algorithm.ppo_epochs passes over the full `batch` in mini-batches of
@@ -167,11 +161,8 @@ class FSDPEngine:
         self.scheduler.step()
         return {"grad_norm": norm, "lr": float(lr), "skipped_steps": 0.0 if finite else 1.0}
 
-    # ----------------------------------------------------------------------------- state
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """All parameters and buffers, unsharded, float32, on CPU, keyed as in `module.state_dict()`:
-        on rank 0; `{}` on the other ranks. A collective call: every rank calls it."""
+        """All parameters and buffers, unsharded, float32, on CPU, on rank 0 (`{}` elsewhere)."""
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def _resume_state(self, with_optim: bool) -> dict[str, Any]:
