@@ -1,10 +1,8 @@
-"""A seeded generator of easy GSM8K-format word problems ("#### N"), for offline demos a 135M model
-can learn: one or two operations (+, -, x, /) on whole numbers from 1 to `max_operand`, with
-non-negative integer answers and varied names, objects and templates.
+"""A seeded generator of easy GSM8K-format word problems ("#### N") that a 135M model can learn:
+one or two operations on whole numbers from 1 to `max_operand`, with non-negative integer answers.
 
-Train and validation never share a question: it belongs to the validation pool exactly when a hash
-of its text falls in one bucket out of `VAL_BUCKETS`. The validation set is drawn with the fixed
-`VAL_SEED` (not the training seed): `val_size` distinct questions, comparable across runs.
+Train and validation never share a question (a hash of its text picks the validation pool); the
+validation set is drawn with the fixed `VAL_SEED`, so it is comparable across runs.
 """
 
 from __future__ import annotations

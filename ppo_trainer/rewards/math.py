@@ -1,9 +1,7 @@
 """Rule-based scoring of math answers: strict ("#### N") and flexible (the last number in the text).
 
-A number is an optional minus sign, an optional "$", digits (commas only as thousands separators:
-"1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as "-1250.50". A minus
-right after a letter, digit or closing bracket is a subtraction ("5-3"). Answers compare as
-decimal numbers: "3.0" equals "3".
+A number: an optional minus sign and "$", digits (commas only as thousands separators) and an
+optional decimal part: "-$1,250.50" reads as "-1250.50"; "5-3" is a subtraction, not -3.
 """
 
 from __future__ import annotations
