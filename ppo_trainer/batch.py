@@ -95,8 +95,7 @@ class Batch:
         return {f.name: f.metadata for f in fields(self) if "block" in f.metadata and getattr(self, f.name) is not None}
 
     def row_extents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B] prompt lengths (real tokens of the left-padded prompt block) and [B] response
-        lengths (up to the last real token of the right-padded response block)."""
+        """[B] prompt lengths and [B] response lengths (up to each block's last real token)."""
         P, T = self.prompt_length, self.response_length
         prompt_lens = ((self.attention_mask[:, :P] != 0) * torch.arange(P, 0, -1)).amax(dim=1)
         response_real = self.attention_mask[:, P:] != 0
@@ -155,8 +154,7 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
-        """Rows of all batches, in order; response blocks are right-padded to the widest
-        (`pad_responses`). Prompt blocks must have one width (pad prompts once, then split)."""
+        """Rows of all batches, responses right-padded to the widest; prompts must have one width."""
         if len({b.prompt_length for b in batches}) != 1:
             raise ValueError("batches with different prompt widths; prompts must be padded once before splitting")
         width = max(b.response_length for b in batches)

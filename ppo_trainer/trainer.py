@@ -231,8 +231,7 @@ class Trainer:
         return metrics
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """The batch with advantages and returns (`core.advantages.compute`), and their metrics;
-        the KL controller steps on this batch's mean per-sequence KL."""
+        """The batch with advantages and returns (`core.advantages.compute`); steps the KL controller."""
         kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
                                  batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
@@ -243,8 +242,7 @@ class Trainer:
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
     def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The batch with rollout_weights (`core.rollout_correction`; None for
-        algorithm.rollout_correction=none) and the rollout_corr/* diagnostics."""
+        """The batch with rollout_weights (`core.rollout_correction`) and the rollout_corr/* metrics."""
         a = self.cfg.algorithm
         weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
                                          a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
