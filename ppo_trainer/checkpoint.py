@@ -130,12 +130,6 @@ def resolve_resume(output_dir: Path, resume: str) -> Optional[Path]:
     return folder
 
 
-def checkpoint_part(path: str, part: str) -> str:
-    """`path`, or its `part` subfolder (actor, critic) when `path` is a global_step_N folder."""
-    folder = Path(path).expanduser()
-    return str(folder / part) if STEP_DIR.match(folder.name) and (folder / part).is_dir() else path
-
-
 def save_trainer_state(folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor]) -> None:
     """The driver's state: JSON for counters and positions, tensors for RNG states."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,6 @@
-"""`ppo-train` and `ppo-eval`.
-
-Exit codes: 0 success, 1 a runtime failure, 2 a config or input error (bad key, bad value,
-missing file, impossible device request). Hydra's own `@hydra.main` exits 1 on a bad
-override, so overrides are checked against the schema before Hydra runs, and any error Hydra
-raises before our task starts is reported as a config error too.
-
-Heavy imports (torch, ray, vllm) happen inside the run, never at import time, so a config
-error or a dry run answers within seconds.
-"""
+"""`ppo-train` (a Hydra app) and `ppo-eval`. Exit codes: 0 success, 1 a runtime failure, 2 a config
+or input error (Hydra exits 1 on a bad override: overrides are checked before Hydra runs, and an
+exit before our task starts counts as a config error). torch, ray, vllm load inside the run."""
 
 from __future__ import annotations
 
@@ -16,27 +9,18 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import (
-    CONFIG_DIR,
-    CONFIG_NAME,
-    ConfigError,
-    check_overrides,
-    compose,
-    normalize_overrides,
-    register_configs,
-)
+from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
+                                register_configs)
 
 log = logging.getLogger("ppo_trainer")
 
 
 def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Hydra's flags (with their values) and the `key=value` overrides of a command line, as
-    Hydra's own argument parser reads them, so that every Hydra flag works as in any Hydra app;
-    flags may stand between overrides."""
+    """Hydra's flags (with their values) and the overrides, as Hydra's own parser reads them."""
     from hydra._internal.utils import get_args_parser
 
     overrides = get_args_parser().parse_intermixed_args(argv).overrides
@@ -49,10 +33,7 @@ def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return flags, overrides
 
 
-class _HydraRun:
-    """Tracks whether our task function started, to tell Hydra's config errors from ours."""
-
-    task_started = False
+_task_started = False  # tells Hydra's exits (a config error) from our task's
 
 
 def _run_training(cfg: DictConfig) -> Optional[float]:
@@ -62,7 +43,8 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from ppo_trainer.config import validate_static
     from ppo_trainer.plan import describe_plan, dtype_summary, environment_problems
 
-    _HydraRun.task_started = True
+    global _task_started
+    _task_started = True
     try:
         cfg = validate_static(cfg)
         hydra_cfg = HydraConfig.get()
@@ -83,8 +65,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         if problems:
             raise ConfigError(problems[0])
         if hydra_cfg.mode == RunMode.MULTIRUN:
-            # Each job's own overrides, for ppo-sweep-report (hydra.output_subdir is null in
-            # ppo.yaml, so Hydra keeps no .hydra/overrides.yaml).
+            # For ppo-sweep-report: hydra.output_subdir=null keeps no .hydra/overrides.yaml.
             job_dir = Path(cfg.trainer.output_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
@@ -92,7 +73,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         from ppo_trainer.trainer import run_training
 
         if cfg.trainer.verbose:
-            _verbose_engine_logs()
+            _engine_log_levels(verbose=True)
         with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
@@ -101,14 +82,16 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         sys.exit(130)
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
-        print(f"ppo-train: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except _input_errors() as e:
-        print(f"ppo-train: input error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except _run_errors() as e:
-        print(f"ppo-train: stopped: {e}", file=sys.stderr)
-        sys.exit(1)
+        _exit("ppo-train: config error", e, 2)
+    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
+        _exit("ppo-train: input error", e, 2)
+    except _loaded(_RUN_ERRORS) as e:
+        _exit("ppo-train: stopped", e, 1)
+
+
+def _exit(what: str, error: BaseException, code: int) -> NoReturn:
+    print(f"{what}: {error}", file=sys.stderr)
+    sys.exit(code)
 
 
 def last_checkpoint(output_dir: Path) -> str:
@@ -121,23 +104,21 @@ def last_checkpoint(output_dir: Path) -> str:
     return f"the last complete checkpoint is {checkpoints_dir(output_dir) / f'global_step_{steps[-1]}'}: rerun to continue"
 
 
-def _loaded_errors(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
-    """The exception classes (module, name) of modules already imported: the run imports them
-    lazily, and an error class of a module that never loaded cannot have been raised."""
-    modules = [(sys.modules.get(module), name) for module, name in names]
-    return tuple(getattr(mod, name) for mod, name in modules if mod is not None and hasattr(mod, name))
+# Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
+_INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
+                 ("ppo_trainer.checkpoint", "CheckpointError"))
+_RUN_ERRORS = (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
+               ("ppo_trainer.workers.ray_backend", "WorkerError"))
 
 
-def _run_errors() -> tuple[type[BaseException], ...]:
-    """Failures during training that carry their own full explanation (row, role, rank,
-    checkpoint): shown as one line, without a traceback of the driver."""
-    return _loaded_errors(("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-                          ("ppo_trainer.workers.ray_backend", "WorkerError"))
+def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
+    """The (module, name) classes of modules already imported: one never loaded cannot have raised."""
+    return tuple(getattr(sys.modules[module], name) for module, name in names
+                 if hasattr(sys.modules.get(module), name))
 
 
 def _remove_if_empty(folder: Path) -> None:
-    """A dry run leaves nothing behind: drop the run folder Hydra created (and its parents below
-    the working directory) while they are empty."""
+    """Drop the empty run folder Hydra created, and its empty parents below the working directory."""
     cwd = Path.cwd().resolve()
     folder = folder.resolve()
     while folder != cwd and cwd in folder.parents and folder.is_dir() and not any(folder.iterdir()):
@@ -145,36 +126,30 @@ def _remove_if_empty(folder: Path) -> None:
         folder = folder.parent
 
 
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """Errors of user input (data rows, files, model paths) raised by the lazily imported modules."""
-    return (FileNotFoundError, *_loaded_errors(("ppo_trainer.data", "DataError"),
-                                               ("ppo_trainer.models.loading", "ModelPathError"),
-                                               ("ppo_trainer.checkpoint", "CheckpointError")))
-
-
 def train_main(argv: Optional[list[str]] = None) -> None:
     """Entry point of `ppo-train`: Hydra app over configs/ppo.yaml, with early config checks."""
     argv = sys.argv[1:] if argv is None else argv
-    _quiet_third_party_logs()
     register_configs()
     flags, overrides = split_hydra_argv(argv)
+    # --info logs through a stdout handler Hydra adds to the root logger: ours would repeat each line
+    _quiet_third_party_logs(console=not any(f == "--info" or f.startswith("--info=") for f in flags))
     overrides = normalize_overrides(overrides)
     if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
             check_overrides(overrides)
         except ConfigError as e:
-            print(f"ppo-train: config error: {e}", file=sys.stderr)
-            sys.exit(2)
+            _exit("ppo-train: config error", e, 2)
 
     import hydra
 
     task = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")(_run_training)
     sys.argv = [sys.argv[0], *overrides, *flags]  # overrides first: `--info` takes an optional value
-    _HydraRun.task_started = False
+    global _task_started
+    _task_started = False
     try:
         task()
     except SystemExit as e:
-        if e.code == 1 and not _HydraRun.task_started:
+        if e.code == 1 and not _task_started:
             sys.exit(2)  # Hydra rejected the command line or the composition: a config error
         raise
 
@@ -200,31 +175,31 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
 
         run_eval(overrides)
     except ConfigError as e:
-        print(f"ppo-eval: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except _input_errors() as e:
-        print(f"ppo-eval: input error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _exit("ppo-eval: config error", e, 2)
+    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
+        _exit("ppo-eval: input error", e, 2)
 
 
-# Log levels of the engines, applied unless the environment sets them: (quiet, trainer.verbose=true).
+# The engines' log levels (quiet, trainer.verbose=true), read at their import; the environment's win.
 _ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
-_defaulted: set[str] = set()
+_USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
 
 
-def _verbose_engine_logs() -> None:
-    """trainer.verbose=true: the engines log at their info level (read when they are imported)."""
-    for var in _defaulted:
-        os.environ[var] = _ENGINE_LOG_LEVELS[var][1]
+def _engine_log_levels(verbose: bool) -> None:
+    for var, levels in _ENGINE_LOG_LEVELS.items():
+        if var not in _USER_SET:
+            os.environ[var] = levels[verbose]
 
 
-def _quiet_third_party_logs() -> None:
+def _quiet_third_party_logs(console: bool = True) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    for var, (quiet, _) in _ENGINE_LOG_LEVELS.items():  # transformers: no per-load reports or progress bars
-        if var not in os.environ:
-            os.environ[var] = quiet
-            _defaulted.add(var)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _engine_log_levels(verbose=False)  # transformers: no per-load reports or progress bars
+    if console:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+if __name__ == "__main__":
+    train_main()

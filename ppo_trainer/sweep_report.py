@@ -1,24 +1,6 @@
-"""`ppo-sweep-report SWEEP_DIR`: compare the runs of one sweep (`ppo-train --multirun ...`).
-
-Reads every job folder of the sweep (`SWEEP_DIR/0`, `SWEEP_DIR/1`, ...: `config.yaml`,
-`metrics.jsonl`, `overrides.yaml`) and writes into SWEEP_DIR:
-
-    report.md         the sweep's command, then one row per run, best first (also printed)
-    report.csv        the same rows, numbers at full precision
-    val_accuracy.png  the validation-accuracy curves of all runs
-
-A run's overrides are read from `overrides.yaml` (ppo-train writes one per sweep job) or Hydra's
-`.hydra/overrides.yaml`; a folder with neither gets, instead, the config keys whose values differ
-between the runs' `config.yaml`. The table shows only what differs between runs; the overrides
-common to all of them are listed once above it.
-
-Columns, from each run's `metrics.jsonl` (final = the last step that logged the metric):
-the objective (`trainer.objective`, default `val/accuracy`: final and best), the final
-`critic/score/mean`, `actor/reward_kl_penalty` and `critic/vf_explained_var`, steps done of
-`trainer.total_steps`, and train time (the sum of `timing_s/step`: rollouts and updates, without
-model loading and validation). Rows are sorted by the final objective, highest first unless
-the sweep minimised it (see `_maximize`); runs that never logged it come last.
-"""
+"""`ppo-sweep-report SWEEP_DIR`: one row per job folder of a sweep, sorted by the final
+`trainer.objective`, showing what differs between runs. Train time sums `timing_s/step`
+(rollouts and updates, without loading and validation)."""
 
 from __future__ import annotations
 
@@ -32,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
+
+from ppo_trainer.tracking import as_number, flatten, metric_series, plot, read_jsonl
 
 ACCURACY = "val/accuracy"
 # Final values shown for every run: (metric, column header, format).
@@ -49,20 +33,13 @@ class Run:
     """One job folder of a sweep."""
 
     name: str
-    folder: Path
     config: dict[str, Any]  # config.yaml, flattened to dotted keys
     metrics: list[dict[str, Any]]  # metrics.jsonl records, in step order
     overrides: Optional[list[str]]  # the job's command-line overrides, when recorded
     swept: dict[str, str] = field(default_factory=dict)  # what this run sets that others do not
 
     def series(self, metric: str) -> list[tuple[int, float]]:
-        """(step, value) of every record that logged `metric` as a number."""
-        points = []
-        for record in self.metrics:
-            value = _number(record.get(metric))
-            if value is not None:
-                points.append((int(record["step"]), value))
-        return points
+        return metric_series(self.metrics, metric)
 
     def final(self, metric: str) -> Optional[float]:
         points = self.series(metric)
@@ -70,9 +47,7 @@ class Run:
 
     def best(self, metric: str, maximize: bool) -> Optional[float]:
         values = [v for _, v in self.series(metric) if not math.isnan(v)]
-        if not values:
-            return None
-        return max(values) if maximize else min(values)
+        return (max(values) if maximize else min(values)) if values else None
 
     def train_seconds(self) -> Optional[float]:
         points = self.series("timing_s/step")
@@ -82,17 +57,6 @@ class Run:
         done = max((int(r["step"]) for r in self.metrics), default=0)
         total = self.config.get("trainer.total_steps")
         return f"{done}/{total}" if total is not None else str(done)
-
-
-def _number(value: Any) -> Optional[float]:
-    """A metric value as a float: numbers, and the strings tracking writes for non-finite values."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
-        return float(value)
-    return None
 
 
 def _short(text: Optional[str]) -> str:
@@ -106,36 +70,8 @@ def _short(text: Optional[str]) -> str:
     return text if len(text) <= 8 else f"{number:.4g}"
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _read_yaml(path: Path) -> Any:
     return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl in step order; a line cut short (a job still writing or killed
-    mid-write) is skipped."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            records.append(record)
-    return sorted(records, key=lambda r: r["step"])
 
 
 def read_overrides(folder: Path) -> Optional[list[str]]:
@@ -148,27 +84,23 @@ def read_overrides(folder: Path) -> Optional[list[str]]:
 
 def find_runs(sweep_dir: Path) -> list[Run]:
     """The job folders of a sweep (those holding any of a run's files), by job number."""
-    folders = [p for p in sweep_dir.iterdir()
-               if p.is_dir() and any((p / name).is_file() for name in _RUN_FILES)]
+    folders = [p for p in sweep_dir.iterdir() if p.is_dir() and any((p / name).is_file() for name in _RUN_FILES)]
     folders.sort(key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
-    return [Run(p.name, p, _flatten(_read_yaml(p / "config.yaml")), read_metrics(p / "metrics.jsonl"),
+    return [Run(p.name, flatten(_read_yaml(p / "config.yaml")), read_jsonl(p / "metrics.jsonl"),
                 read_overrides(p)) for p in folders]
 
 
 def split_overrides(runs: list[Run]) -> list[str]:
-    """Fill each run's `swept` (key -> value it sets that not every run sets alike) and return the
-    overrides common to all runs. Without recorded overrides for every run, `swept` holds the
-    config values that differ between runs."""
+    """Fill each run's `swept` (its overrides not shared by all, else its differing config values);
+    return the overrides shared by all runs."""
     if all(run.overrides is not None for run in runs):
         shared = [o for o in runs[0].overrides if all(o in run.overrides for run in runs)] if len(runs) > 1 else []
         for run in runs:
-            for override in run.overrides:
-                if override not in shared:
-                    key, _, value = override.partition("=")
-                    run.swept[key] = value
+            for override in (o for o in run.overrides if o not in shared):
+                key, _, value = override.partition("=")
+                run.swept[key] = value
         return shared
-    keys = sorted({k for run in runs for k in run.config} - _NOT_SWEPT)
-    for key in keys:
+    for key in sorted({k for run in runs for k in run.config} - _NOT_SWEPT):
         values = [run.config.get(key) for run in runs]
         if any(v != values[0] for v in values):
             for run, value in zip(runs, values):
@@ -189,18 +121,14 @@ class Report:
     optuna_best: Optional[dict[str, Any]]
 
     def swept_keys(self) -> list[str]:
-        keys: list[str] = []
-        for run in self.runs:
-            keys.extend(k for k in run.swept if k not in keys)
-        return keys
+        return list(dict.fromkeys(k for run in self.runs for k in run.swept))
 
     def objective_metrics(self) -> list[str]:
         return [ACCURACY] if self.objective == ACCURACY else [self.objective, ACCURACY]
 
     def columns(self) -> list[str]:
         objective_columns = [f"{m} {which}" for m in self.objective_metrics() for which in ("final", "best")]
-        return ["job", *self.swept_keys(), *objective_columns, *(h for _, h, _ in FINAL_METRICS),
-                "steps", "train s"]
+        return ["job", *self.swept_keys(), *objective_columns, *(h for _, h, _ in FINAL_METRICS), "steps", "train s"]
 
     def cells(self, run: Run) -> list[tuple[Any, str]]:
         """(raw value or None, table text) of each column for one run."""
@@ -213,8 +141,7 @@ class Report:
         values += [(run.final(metric), spec) for metric, _, spec in FINAL_METRICS]
         cells += [(v, "-" if v is None else spec.format(v)) for v, spec in values]
         seconds = run.train_seconds()
-        cells += [(run.steps(), run.steps()), (seconds, "-" if seconds is None else f"{seconds:.1f}")]
-        return cells
+        return cells + [(run.steps(), run.steps()), (seconds, "-" if seconds is None else f"{seconds:.1f}")]
 
     def markdown(self) -> str:
         lines = [f"# Sweep report: {self.sweep_dir}", ""]
@@ -225,8 +152,7 @@ class Report:
         order = "highest" if self.maximize else "lowest"
         lines += [f"{len(self.runs)} runs, sorted by final `{self.objective}` ({order} first).", ""]
         header = self.columns()
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "|".join("---" for _ in header) + "|")
+        lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         for run in self.runs:
             lines.append("| " + " | ".join(text.replace("|", "\\|") for _, text in self.cells(run)) + " |")
         if self.optuna_best:
@@ -238,8 +164,7 @@ class Report:
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(self.columns())
-            for run in self.runs:
-                writer.writerow(["" if value is None else value for value, _ in self.cells(run)])
+            writer.writerows(["" if value is None else value for value, _ in self.cells(run)] for run in self.runs)
 
 
 def build_report(sweep_dir: Path) -> Report:
@@ -248,15 +173,12 @@ def build_report(sweep_dir: Path) -> Report:
         raise FileNotFoundError(f"{sweep_dir} is not a folder")
     runs = find_runs(sweep_dir)
     if not runs:
-        raise FileNotFoundError(
-            f"no runs in {sweep_dir}: expected job folders (0, 1, ...) holding config.yaml, metrics.jsonl "
-            "or overrides.yaml; "
-            "pass the folder of one sweep, e.g. multirun/<experiment name>/<date_time>"
-        )
+        raise FileNotFoundError(f"no runs in {sweep_dir}: expected job folders (0, 1, ...) holding config.yaml, "
+                                "metrics.jsonl or overrides.yaml; pass the folder of one sweep, e.g. "
+                                "multirun/<experiment name>/<date_time>")
     multirun = _read_yaml(sweep_dir / "multirun.yaml") or {}
     hydra = multirun.get("hydra", {}) if isinstance(multirun, dict) else {}
     task = (hydra.get("overrides") or {}).get("task")
-    command = "ppo-train --multirun " + " ".join(task) if task else None
     objective = next((str(r.config["trainer.objective"]) for r in runs if "trainer.objective" in r.config), ACCURACY)
     optuna_best = _read_yaml(sweep_dir / "optimization_results.yaml")
     optuna_best = optuna_best if isinstance(optuna_best, dict) else None
@@ -270,6 +192,7 @@ def build_report(sweep_dir: Path) -> Report:
         return (False, -value if maximize else value)
 
     runs.sort(key=sort_key)  # stable: ties keep job order
+    command = "ppo-train --multirun " + " ".join(task) if task else None
     return Report(sweep_dir, runs, objective, maximize, shared, command, optuna_best)
 
 
@@ -281,48 +204,17 @@ def _maximize(hydra: dict[str, Any], optuna_best: Optional[dict[str, Any]], fina
     if direction is not None:
         return str(direction) != "minimize"
     values = [v for v in finals if v is not None and not math.isnan(v)]
-    best = _number((optuna_best or {}).get("best_value"))
+    best = as_number((optuna_best or {}).get("best_value"))
     return not (best is not None and values and best == min(values) != max(values))
 
 
 def plot_accuracy(report: Report, out: Path) -> Path:
     """Overlay the val/accuracy curves of all runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = []
     for run in report.runs:
-        points = run.series(ACCURACY)
-        if not points:
-            continue
         label = " ".join(f"{k}={_short(v)}" for k, v in run.swept.items())
-        ax.plot(*zip(*points), marker="." if len(points) < 50 else None,
-                label=f"{run.name}: {label}" if label else run.name)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("step")
-    ax.set_ylabel(ACCURACY)
-    ax.set_title(f"{ACCURACY}: {report.sweep_dir.name}")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
-def write_report(sweep_dir: Path) -> Report:
-    """Write report.md, report.csv and val_accuracy.png into `sweep_dir`; print the markdown."""
-    report = build_report(sweep_dir)
-    text = report.markdown()
-    (sweep_dir / "report.md").write_text(text)
-    report.write_csv(sweep_dir / "report.csv")
-    print(text, end="")
-    plot_accuracy(report, sweep_dir / "val_accuracy.png")
-    return report
+        curves.append((f"{run.name}: {label}" if label else run.name, run.series(ACCURACY)))
+    return plot(out, [(f"{ACCURACY}: {report.sweep_dir.name}", curves)], cols=1, size=(7, 4.5))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -330,13 +222,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="ppo-sweep-report",
         description="Compare the runs of a sweep: a table sorted by the objective (printed, report.md, "
-                    "report.csv) and the validation-accuracy curves (val_accuracy.png), written into SWEEP_DIR.",
-    )
+                    "report.csv) and the validation-accuracy curves (val_accuracy.png), written into SWEEP_DIR.")
     parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR",
                         help="the folder of one sweep, e.g. multirun/smoke/2026-01-31_12-00-00")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    sweep_dir = parser.parse_args(sys.argv[1:] if argv is None else argv).sweep_dir
     try:
-        write_report(args.sweep_dir)
+        report = build_report(sweep_dir)
     except FileNotFoundError as e:
         print(f"ppo-sweep-report: {e}", file=sys.stderr)
         sys.exit(2)
+    text = report.markdown()
+    (sweep_dir / "report.md").write_text(text)
+    report.write_csv(sweep_dir / "report.csv")
+    print(text, end="")
+    plot_accuracy(report, sweep_dir / "val_accuracy.png")

@@ -1,23 +1,18 @@
-"""Where metrics go: console (progress bar with ETA and a per-step line), metrics.jsonl,
-samples.jsonl, and tensorboard / wandb / mlflow when installed and listed in trainer.loggers;
-plots.png at the end. `engine_output_to_file` keeps the console to those lines and sends what
-the engines print into <output_dir>/engine.log.
-"""
+"""Where metrics go (trainer.loggers, metrics.jsonl, samples.jsonl, plots.png), and engine.log."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import re
 import sys
-import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterator, Optional, TextIO
 
-log = logging.getLogger("ppo_trainer")
 
 # The compact per-step console line: (metric, label, format).
 CONSOLE_COLUMNS = [
@@ -29,8 +24,7 @@ CONSOLE_COLUMNS = [
     ("response_length/mean", "resp_len", "{:.1f}"),
     ("timing_s/step", "step_s", "{:.1f}"),
 ]
-PLOTTED = ["critic/score/mean", "val/accuracy", "actor/reward_kl_penalty", "critic/vf_loss",
-           "critic/vf_explained_var", "response_length/mean"]
+PLOTTED = [key for key, _, _ in CONSOLE_COLUMNS if key != "timing_s/step"]
 _SECRET = re.compile(r"(?i)(token|secret|password|api[_-]?key)")
 
 
@@ -46,40 +40,25 @@ def mask_secrets(value: Any, key: str = "") -> Any:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step: a resumed run rewrites what came after its
-    checkpoint. A line cut short by a kill (not valid JSON) is dropped with them."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= last_step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    """Keep the records of steps <= last_step (a resumed run rewrites the rest) and no cut-short line."""
+    if path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= last_step))
+        os.replace(tmp, path)
 
 
 _console: Optional[TextIO] = None  # the terminal while engine_output_to_file is active
 
 
 def console_stream() -> TextIO:
-    """Where the run's own console lines go: the terminal (stdout), also while the process's
-    stdout and stderr are redirected into engine.log."""
+    """The terminal, also while descriptors 1 and 2 go into engine.log."""
     return _console or sys.stdout
 
 
 @contextlib.contextmanager
 def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[None]:
-    """Redirect this process's file descriptors 1 and 2 into `log_path` (appending), so that
-    whatever the engines print lands there: vLLM's and Ray's loggers, C++ warnings of torch and
-    oneDNN, Python warnings, loaders' progress bars, and the output of child processes, which
-    inherit the descriptors. The progress bar and the step lines (`console_stream`) and the
-    "ppo_trainer" logger (a handler on the terminal's stderr) stay on the terminal; the logger
-    also reaches the file through the root logger. `verbose`: no redirection, everything shows.
-    An engine.log left empty is removed."""
+    """Append descriptors 1 and 2 (not sys.stdout: C++ warnings and child processes inherit them) to
+    `log_path`; `console_stream` and the "ppo_trainer" logger stay on the terminal. An empty log is removed."""
     global _console
     if verbose:
         yield
@@ -87,17 +66,15 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    terminal = os.fdopen(os.dup(saved_out), "w", buffering=1)
-    terminal_err = os.fdopen(os.dup(saved_err), "w", buffering=1)
+    saved = [os.dup(1), os.dup(2)]
+    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in saved)
     handler = logging.StreamHandler(terminal_err)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    ours = logging.getLogger("ppo_trainer")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    for fd in (1, 2):
+        os.dup2(log_fd, fd)
     os.close(log_fd)
-    ours.addHandler(handler)
+    logging.getLogger("ppo_trainer").addHandler(handler)
     _console = terminal
     try:
         yield
@@ -105,11 +82,10 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
         sys.stdout.flush()
         sys.stderr.flush()
         _console = None
-        ours.removeHandler(handler)
-        os.dup2(saved_out, 1)
-        os.dup2(saved_err, 2)
-        for fd in (saved_out, saved_err):
-            os.close(fd)
+        logging.getLogger("ppo_trainer").removeHandler(handler)
+        for fd, saved_fd in zip((1, 2), saved):
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
         terminal.close()
         terminal_err.close()
         if log_path.is_file() and log_path.stat().st_size == 0:
@@ -122,47 +98,45 @@ class Tracker:
     def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, start_step: int,
                  config: dict[str, Any], run_name: str):
         self.output_dir = output_dir
-        self.loggers = list(loggers)
         self.total_steps = total_steps
         self.metrics_path = output_dir / "metrics.jsonl"
         self.samples_path = output_dir / "samples.jsonl"
         truncate_jsonl(self.metrics_path, start_step)
         truncate_jsonl(self.samples_path, start_step)
-        self._start_time = time.time()
-        self._start_step = start_step
-        self._progress = None
-        self._sinks: list[Any] = []
-        if "console" in self.loggers:
-            self._start_progress(start_step)
-        if "tensorboard" in self.loggers:
+        self._progress = self._start_progress(start_step) if "console" in loggers else None
+        self._sinks: list[tuple[Callable[[int, dict[str, float]], None], Callable[[], None]]] = []  # (log, close)
+        if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
-        if "wandb" in self.loggers:
+            tb = SummaryWriter(str(output_dir / "tensorboard"))
+            self._sinks.append((lambda step, m: [tb.add_scalar(k, v, step) for k, v in m.items()], tb.close))
+        if "wandb" in loggers:
             import wandb
 
-            self._wandb = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
-                                     dir=str(output_dir), resume="allow", id=_run_id(output_dir))
-        if "mlflow" in self.loggers:
+            run_id = hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]  # a rerun resumes it
+            run = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
+                             dir=str(output_dir), resume="allow", id=run_id)
+            self._sinks.append((lambda step, m: run.log(m, step=step), run.finish))
+        if "mlflow" in loggers:
             import mlflow
 
             mlflow.set_experiment("ppo-trainer")
             mlflow.start_run(run_name=run_name)
-            mlflow.log_params({k: str(v) for k, v in _flatten(mask_secrets(config)).items()})
+            mlflow.log_params({k: str(v) for k, v in flatten(mask_secrets(config)).items()})
+            self._sinks.append((lambda step, m: mlflow.log_metrics({k.replace("/", "."): v for k, v in m.items()},
+                                                                   step=step), mlflow.end_run))
 
-    def _start_progress(self, start_step: int) -> None:
+    def _start_progress(self, start_step: int) -> Any:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        from rich.console import Console
-
-        # redirect_*=False: what the engines print goes to their own streams (engine.log), not
-        # through the bar's console
-        self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                  console=Console(file=console_stream()), redirect_stdout=False,
-                                  redirect_stderr=False)
-        self._task = self._progress.add_task("steps", total=self.total_steps, completed=start_step)
-        self._progress.start()
+        # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
+        progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
+                            redirect_stdout=False, redirect_stderr=False)
+        self._task = progress.add_task("steps", total=self.total_steps, completed=start_step)
+        progress.start()
+        return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
@@ -171,54 +145,29 @@ class Tracker:
         if self._progress is not None:
             self._progress.console.print(format_step_line(step, self.total_steps, metrics), soft_wrap=True)
             self._progress.update(self._task, completed=step)
-        if "tensorboard" in self.loggers:
-            for key, value in metrics.items():
-                self._tb.add_scalar(key, value, step)
-        if "wandb" in self.loggers:
-            self._wandb.log(metrics, step=step)
-        if "mlflow" in self.loggers:
-            import mlflow
-
-            mlflow.log_metrics({k.replace("/", "."): v for k, v in metrics.items()}, step=step)
+        for log, _ in self._sinks:
+            log(step, metrics)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         with self.samples_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}) + "\n")
+            f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-        if "tensorboard" in self.loggers:
-            self._tb.close()
-        if "wandb" in self.loggers:
-            self._wandb.finish()
-        if "mlflow" in self.loggers:
-            import mlflow
-
-            mlflow.end_run()
+        for _, close in self._sinks:
+            close()
         write_plots(self.metrics_path, self.output_dir / "plots.png")
 
 
-def run_summary(
-    output_dir: Path,
-    *,
-    steps: tuple[int, int, int],
-    seconds: float,
-    objective_name: str,
-    final: tuple[Optional[int], Optional[float]],
-    best: tuple[Optional[int], Optional[float]],
-    best_dir: Optional[Path],
-    last_dir: Optional[Path],
-    stopped_by: Optional[str] = None,
-) -> str:
-    """The block printed when a run ends (or a signal stops it after saving): steps done, final
-    and best objective with their steps, wall time, best and last checkpoints, plots.png, and
-    the ppo-eval command for the best checkpoint.
+StepValue = tuple[Optional[int], Optional[float]]  # (step, value) of the objective, or (None, None)
 
-    steps: (first step of this invocation, last step done, trainer.total_steps); final and best:
-    (step, value) or (None, None).
-    """
+
+def run_summary(output_dir: Path, *, steps: tuple[int, int, int], seconds: float, objective_name: str,
+                final: StepValue, best: StepValue, best_dir: Optional[Path], last_dir: Optional[Path],
+                stopped_by: Optional[str] = None) -> str:
+    """The block printed when a run ends or a signal stops it after saving.
+    steps: (first step of this invocation, last step done, trainer.total_steps)."""
     first, done, total = steps
     if stopped_by is not None:
         head = f"run stopped by {stopped_by} after step {done} of {total}; rerun the same command to continue"
@@ -227,7 +176,7 @@ def run_summary(
     else:
         head = f"run finished: {done} of {total} steps"
 
-    def value(step_value: tuple[Optional[int], Optional[float]]) -> str:
+    def value(step_value: StepValue) -> str:
         step, number = step_value
         return "n/a" if step is None else f"{number:.4g} (step {step})"
 
@@ -260,34 +209,66 @@ def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records in step order (stable), without a line cut short (still writing, or killed)."""
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return sorted(records, key=lambda r: r["step"])
 
 
-def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
-    """plots.png: the headline metrics against step (matplotlib, a base dependency)."""
-    records = read_metrics(metrics_path)
-    if not records:
-        return None
+def metric_series(records: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
+    """(step, value) of every record that logged `metric` as a number (see `as_number`)."""
+    points = [(int(r["step"]), as_number(r.get(metric))) for r in records]
+    return [(step, value) for step, value in points if value is not None]
+
+
+def as_number(value: Any) -> Optional[float]:
+    """A metric value as a float: numbers, and the strings `_plain` writes for non-finite ones."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
+        return float(value)
+    return None
+
+
+def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
+         size: tuple[float, float]) -> Path:
+    """Curves against step: panels of (title, [(label or None, points)]), each `size` inches."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    cols = 3
-    rows = math.ceil(len(PLOTTED) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows))
-    for ax, key in zip(axes.flat, PLOTTED):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if points:
-            ax.plot(*zip(*points), marker="." if len(points) < 50 else None)
-        ax.set_title(key)
-        ax.set_xlabel("step")
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
+    for ax, (title, curves) in zip(axes.flat, panels):
+        for label, points in curves:
+            if points:
+                ax.plot(*zip(*points), marker="." if len(points) < 50 else None, label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=title, xlabel="step")
         ax.grid(alpha=0.3)
+        if any(line.get_label() and not line.get_label().startswith("_") for line in ax.lines):
+            ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
+    """plots.png: the headline metrics against step (matplotlib, a base dependency)."""
+    records = read_jsonl(metrics_path)
+    if not records:
+        return None
+    return plot(out, [(key, [(None, metric_series(records, key))]) for key in PLOTTED], cols=3, size=(4, 3))
 
 
 def _plain(value: Any) -> Any:
@@ -298,18 +279,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: leaf}; an empty dict is a leaf, anything but a dict is {}."""
+    if not isinstance(d, dict):
+        return {}
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+    for key, value in d.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{k}"] = v
+            out[f"{prefix}{key}"] = value
     return out
 
-
-def _run_id(output_dir: Path) -> str:
-    """A stable wandb run id per output folder, so a resumed run continues the same wandb run."""
-    import hashlib
-
-    return hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]

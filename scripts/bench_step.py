@@ -204,8 +204,8 @@ def main() -> None:
         cfg = bench_config(model_dir, prompts, shape, args.device, dtype, Path(tmp) / "out")
         trainer = Trainer.from_config(cfg)
         try:
-            actor = trainer.actor.workers.role.engine.policy.hf_model
-            critic = trainer.critic.workers.role.engine.model.backbone
+            actor = trainer.actor.workers.worker.engine.policy.hf_model
+            critic = trainer.critic.workers.worker.engine.model.backbone
             # every step trains on all the prompts (one epoch of the data): its real tokens
             step_tokens = sum(len(r.prompt_ids) for r in trainer.loader.records) + shape["prompts"] * shape["response_len"]
             runs = []

@@ -20,6 +20,9 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+# setuptools builds in ./build and packs what it finds there: a stale build/lib would ship
+# modules deleted since.
+rm -rf build ./*.egg-info
 spec="."
 if (( ${#extras[@]} )); then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
 python -m pip install -q "$spec"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from ppo_trainer.config import DataConfig
 from ppo_trainer.data import arithmetic, digits
+from ppo_trainer.models.loading import hub_offline
 from ppo_trainer.rewards.math import ANSWER_MARKER
 
 logger = logging.getLogger("ppo_trainer")
@@ -122,9 +122,7 @@ def read_hub(name: str, config: str | None, split: str) -> Iterator[RawRow]:
     try:
         dataset = datasets.load_dataset(name, config, split=split)
     except Exception as e:
-        offline = any(os.environ.get(v, "").lower() in ("1", "on", "yes", "true")
-                      for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
-        reason = ("is not in the local Hugging Face cache and the hub is offline" if offline
+        reason = ("is not in the local Hugging Face cache and the hub is offline" if hub_offline(datasets=True)
                   else f"could not be loaded ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
         raise DataError(f"data.source={name} (config {config}, split {split}) {reason}; pass local files: {FILES_HINT}") from e
     return (RawRow(f"{name}[{split}] row {i}", row) for i, row in enumerate(dataset))

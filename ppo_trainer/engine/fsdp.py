@@ -22,16 +22,9 @@ from ppo_trainer.config import OptimConfig
 from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
 from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
 from ppo_trainer.engine.optim import build_optimizer, build_scheduler
-from ppo_trainer.workers.devices import resolve_dtype
+from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINE_STATE = "engine_state.json"
-
-
-def compute_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def shard_model(

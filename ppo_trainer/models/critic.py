@@ -1,27 +1,19 @@
 """The value model: a transformer backbone plus a Linear(hidden, 1) value head.
 
-Alignment (B rows, P prompt columns, T response columns; prompts left-padded, responses
-right-padded): values[:, t] = V(s_t), the value of the state *before* response token t is chosen,
-i.e. after the prompt and response tokens 0..t-1. It is read from the hidden state at position
-P+t-1, the same position whose logits give the policy's distribution over token t. (Reading it at
-P+t would let the critic see the action it is supposed to evaluate in advance, the classic
-off-by-one of PPO for language models.) GAE then uses V(s_t) and V(s_{t+1}) = values[:, t+1].
+Alignment (B rows, P prompt columns, T response columns): values[:, t] = V(s_t), the value of the
+state *before* response token t, read from the hidden state at P+t-1, the position whose logits
+give the policy's distribution over token t. (Reading it at P+t would let the critic see the
+action it evaluates: the classic off-by-one of PPO for language models.)
 
-Folder format (`save_pretrained`): a standard Hugging Face token-classification model with one
-label, as verl saves its critic: config.json (architectures `<Model>ForTokenClassification`,
-num_labels 1) and model.safetensors with the backbone under `model.*` (the class's
-base_model_prefix) and the head as `score.weight` [1, H] / `score.bias` [1]. So
-`AutoModelForTokenClassification.from_pretrained(folder)` loads it, and its per-token output read
-at position P+t-1 is values[:, t]. A model type that transformers has no token-classification
-class for is saved in the older format instead: the backbone as a plain model folder plus
-`value_head.safetensors` and `value_head.json`. `from_pretrained` accepts both formats, or any
-causal-LM / base-model folder, in which case the head is freshly initialised.
+Folder format: a Hugging Face token-classification model with one label, as verl saves its
+critic (backbone under the class's base_model_prefix, head as `score.weight` [1, H] /
+`score.bias` [1]), so `AutoModelForTokenClassification` loads it. A model type without such a
+class is saved as a plain backbone folder plus `value_head.safetensors` and `value_head.json`.
+`from_pretrained` reads both, or any causal-LM / base-model folder (with a fresh head).
 
-Head initialisation: zeros. The first values are then exactly 0 for every state, which is also
-the scale of the returns at the start (scores in [0, 1] land on the last token only); a random
-head would add seed-dependent noise to the first advantages. The head still learns from the first
-step (its gradient is dL/dV * hidden, which is non-zero); the backbone starts receiving gradient
-once the head is non-zero, one step later.
+The head starts at zeros: the first values are exactly 0, the scale of the first returns, where a
+random head would add seed-dependent noise to the first advantages. It still learns from step one
+(its gradient is dL/dV * hidden); the backbone gets gradient once the head is non-zero.
 """
 
 from __future__ import annotations
@@ -49,11 +41,8 @@ def _reject_lora_folder(path: Path) -> None:
 
 
 class ValueModel(nn.Module):
-    """V(s_t) for every response token: backbone hidden state at P+t-1 -> Linear(H, 1).
-
-    The head runs in float32 on a float32 copy of the hidden state, whatever the backbone's
-    compute dtype.
-    """
+    """V(s_t) for every response token: backbone hidden state at P+t-1 -> Linear(H, 1), the head
+    in float32 on a float32 copy of the hidden state, whatever the backbone's compute dtype."""
 
     def __init__(self, backbone: nn.Module, value_head: Optional[nn.Linear] = None) -> None:
         super().__init__()
@@ -65,18 +54,10 @@ class ValueModel(nn.Module):
         self.value_head = value_head
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        attn_implementation: str = "sdpa",
-        trust_remote_code: bool = False,
-        gradient_checkpointing: bool = False,
-    ) -> "ValueModel":
-        """Load a saved value model, or a backbone (e.g. the actor's causal LM) with a zero head.
-
-        Weights are float32 (the master copy; FSDP casts for compute).
-        """
+    def from_pretrained(cls, path: str | Path, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
+                        gradient_checkpointing: bool = False) -> "ValueModel":
+        """A saved value model, or a backbone (e.g. the actor's causal LM) with a zero head, in
+        float32 (the master copy; FSDP casts for compute)."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoModelForTokenClassification
 
@@ -105,13 +86,8 @@ class ValueModel(nn.Module):
         """The transformer blocks, the units FSDP shards separately."""
         return list(self.backbone.get_decoder().layers)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        response_length: int,
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                response_length: int) -> torch.Tensor:
         """values [B, T] float32, values[:, t] = V(s_t) from the hidden state at P+t-1.
 
         input_ids, attention_mask, position_ids: [B, P+T] with T = response_length >= 1, P >= 1.
@@ -127,17 +103,11 @@ class ValueModel(nn.Module):
         # a fresh tensor, not a view: FSDP hooks the outputs of its modules for backward
         return self.value_head(flat).reshape(input_ids.shape[0], T).float().clone()
 
-    def save_pretrained(
-        self,
-        folder: str | Path,
-        state_dict: Optional[dict[str, torch.Tensor]] = None,
-        dtype: Optional[torch.dtype] = None,
-    ) -> None:
-        """Write the folder format described in the module docstring.
-
-        `state_dict` (keys as in `self.state_dict()`, e.g. gathered from FSDP shards) replaces the
-        module's own tensors; `dtype` casts the backbone (the head is always saved in float32).
-        """
+    def save_pretrained(self, folder: str | Path, state_dict: Optional[dict[str, torch.Tensor]] = None,
+                        dtype: Optional[torch.dtype] = None) -> None:
+        """Write the folder format of the module docstring. `state_dict` (keys as in
+        `self.state_dict()`, e.g. gathered from FSDP shards) replaces the module's own tensors;
+        `dtype` casts the backbone (the head is always saved in float32)."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
@@ -176,31 +146,29 @@ def _is_token_classifier(path: Path) -> bool:
     return any(a.endswith("ForTokenClassification") for a in architectures)
 
 
-def save_hf_weights(
-    folder: Path,
-    config: object,
-    state: dict[str, torch.Tensor],
-    dtype: Optional[torch.dtype] = None,
-    keep_dtype: Optional[dict[str, torch.Tensor]] = None,
-) -> None:
-    """config.json + model.safetensors for `state` (HF key names), optionally cast to `dtype`;
-    the tensors of `keep_dtype` are added as they are (e.g. a float32 head).
+def safetensors_ready(state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
+    """`state` as safetensors takes it (a file or the bytes of a weight push): detached, on CPU,
+    contiguous, floating tensors cast to `dtype`; tensors sharing storage (tied embeddings) cloned."""
+    seen: set[int] = set()
+    out = {}
+    for key, value in state.items():
+        value = value.detach().to("cpu")
+        value = (value.to(dtype) if dtype is not None and value.is_floating_point() else value).contiguous()
+        ptr = value.untyped_storage().data_ptr()
+        out[key] = value.clone() if ptr in seen else value
+        seen.add(ptr)
+    return out
 
-    Tensors that share storage (tied embeddings) are cloned, as safetensors requires.
-    """
+
+def save_hf_weights(folder: Path, config: object, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
+                    keep_dtype: Optional[dict[str, torch.Tensor]] = None) -> None:
+    """config.json + model.safetensors for `state` (HF key names), floats cast to `dtype`; the
+    tensors of `keep_dtype` are added as they are (e.g. a float32 head)."""
     from safetensors.torch import save_file
 
     config = copy.deepcopy(config)
     if dtype is not None:
         config.dtype = dtype
     config.save_pretrained(folder)
-    tensors = {key: value.detach().to(dtype or value.dtype) for key, value in state.items()}
-    tensors.update({key: value.detach() for key, value in (keep_dtype or {}).items()})
-    seen: set[int] = set()
-    out = {}
-    for key, value in tensors.items():
-        value = value.contiguous()
-        ptr = value.untyped_storage().data_ptr()
-        out[key] = value.clone() if ptr in seen else value
-        seen.add(ptr)
-    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})
+    tensors = {**safetensors_ready(state, dtype), **safetensors_ready(keep_dtype or {})}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

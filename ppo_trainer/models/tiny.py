@@ -1,9 +1,6 @@
-"""A tiny random Llama-architecture causal LM with a character-level tokenizer, built at run time.
-
-Used by tests and smoke runs (`model.path=random:tiny`): it loads through
-`AutoModelForCausalLM`, `AutoTokenizer` and vLLM, yet has ~100 tokens and ~0.1M parameters,
-so every forward pass is instant. Nothing is downloaded.
-"""
+"""A tiny random Llama causal LM with a character-level tokenizer, built at run time for tests and
+smoke runs (`model.path=random:tiny`): it loads through the Auto classes and vLLM, yet has ~100
+tokens and ~0.1M parameters. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -42,11 +39,8 @@ def tiny_vocab() -> dict[str, int]:
 
 
 def build_tiny_tokenizer() -> Any:
-    """A `PreTrainedTokenizerFast` that maps every character to one token (unknown ones to <unk>).
-
-    `<|im_end|>` is both eos and pad; the chat template is ChatML, so
-    `apply_chat_template(messages, add_generation_prompt=True)` ends in "<|im_start|>assistant\\n".
-    """
+    """A `PreTrainedTokenizerFast`, one token per character (unknown ones: <unk>); `<|im_end|>` is
+    eos and pad; ChatML chat template (a generation prompt ends in "<|im_start|>assistant\\n")."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -54,34 +48,20 @@ def build_tiny_tokenizer() -> Any:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))  # no merges: one token per character
     backend.add_special_tokens(list(SPECIAL_TOKENS))
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=IM_START,
-        eos_token=IM_END,
-        pad_token=IM_END,
-        unk_token=UNK,
-        chat_template=CHAT_TEMPLATE,
-        padding_side="left",
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=IM_START, eos_token=IM_END, pad_token=IM_END,
+                                   unk_token=UNK, chat_template=CHAT_TEMPLATE, padding_side="left")
 
 
 def build_tiny_model(folder: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random tiny Llama model and its tokenizer into `folder`; return the folder.
-
-    The weights depend only on `seed` and `overrides` (LlamaConfig fields replacing the tiny
-    defaults, e.g. `num_hidden_layers=1`); the global torch RNG is left untouched. The folder holds
-    config.json, generation_config.json, model.safetensors (float32) and the tokenizer files.
-    """
+    """Write a random tiny Llama model (float32) and its tokenizer into `folder`; return it. The
+    weights depend only on `seed` and `overrides` (LlamaConfig fields replacing the tiny defaults,
+    e.g. `num_hidden_layers=1`); the global torch RNG is left untouched."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     folder = Path(folder)
     tokenizer = build_tiny_tokenizer()
-    special_ids = {
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
+    special_ids = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id") for t in ("bos", "eos", "pad")}
     config = LlamaConfig(vocab_size=len(tokenizer), **special_ids, **{**TINY_ARCHITECTURE, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

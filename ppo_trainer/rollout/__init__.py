@@ -1,54 +1,28 @@
 """Rollout engines: a prompt Batch in, n sampled responses per prompt out (see `base`).
 
-Importing this package is cheap: vLLM and transformers' model code load only when a sampler
-is built.
+vLLM and transformers' model code load only when a sampler is built.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from ppo_trainer.config import SamplerConfig
 from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
 
-__all__ = [
-    "HFSampler",
-    "Sampler",
-    "VllmSampler",
-    "build_sampler",
-    "check_vllm_available",
-    "prompts_to_batch",
-]
+__all__ = ["HFSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available", "prompts_to_batch"]
 
 
-def build_sampler(
-    cfg: SamplerConfig,
-    model_dir: str | Path,
-    *,
-    module: Any = None,
-    tokenizer: Any = None,
-    dtype: str = "bfloat16",
-    seed: int = 0,
-    max_prompt_length: Optional[int] = None,
-    colocate: bool = False,
-    device: str = "cpu",
-    trust_remote_code: bool = False,
-) -> Sampler:
-    """The sampler `cfg.name` names.
-
-    hf: generates with `module` (the actor's, shared: sync is a no-op) when given, else with
-    its own copy loaded from `model_dir`. vllm: an engine on `model_dir` (sleep mode when
-    `colocate`); `max_prompt_length + cfg.max_new_tokens` bounds its context unless
-    `cfg.vllm.max_model_len` is set. `dtype` is the generation dtype.
-    """
+def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bfloat16", seed: int = 0,
+                  max_prompt_length: Optional[int] = None, colocate: bool = False, device: str = "cpu",
+                  trust_remote_code: bool = False) -> Sampler:
+    """The `cfg.name` sampler on its own copy of the weights in `model_dir`, computing in `dtype`.
+    vllm: sleep mode when `colocate`; `max_prompt_length + cfg.max_new_tokens` bounds its context
+    unless `cfg.vllm.max_model_len` is set."""
     if cfg.name == "hf":
-        if module is not None:
-            if tokenizer is None:
-                raise ValueError("build_sampler: sampler=hf with the actor's module also needs its tokenizer")
-            return HFSampler(module, tokenizer, cfg, batch_size=cfg.generate_batch_size, dtype=dtype)
         return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
                                          device=device, trust_remote_code=trust_remote_code)
     if cfg.name == "vllm":

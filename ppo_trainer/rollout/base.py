@@ -21,52 +21,38 @@ string. `prompt_text`, `ground_truth`, `prompt_index` are the prompt's values, r
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
 from ppo_trainer.batch import Batch
 
 
-@runtime_checkable
 class Sampler(Protocol):
-    """What the trainer and `ppo-eval` need from a rollout engine."""
+    """What the trainer and `ppo-eval` need from a rollout engine. `sleep` releases accelerator
+    memory between rollouts and `wake` undoes it (no-ops where `supports_sleep` is False)."""
 
-    @property
-    def supports_sleep(self) -> bool:
-        """True where `sleep` really frees accelerator memory (vLLM on GPU with sleep mode)."""
-        ...
+    supports_sleep: bool
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        """Sample `n` responses per prompt of a prompt-only batch (see the module docstring).
-
-        `seed` makes the call reproducible: the same weights, prompts and seed give the same
-        tokens. `greedy` decodes the arg-max token (evaluation); n should then be 1.
-        `max_new_tokens` replaces the sampler's budget for this call (validation uses
-        eval.max_new_tokens).
-        """
+        """`n` responses per prompt of a prompt-only batch (module docstring). The same weights,
+        prompts and `seed` give the same tokens; `greedy` decodes the arg-max (evaluation, n=1);
+        `max_new_tokens` replaces the sampler's budget for this call (validation's)."""
         ...
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Make the next `generate` use these weights (full HF names; LoRA merged into the base)."""
         ...
 
-    def sleep(self) -> None:
-        """Release accelerator memory between rollouts (no-op where unsupported)."""
-        ...
+    def sleep(self) -> None: ...
 
-    def wake(self) -> None:
-        """Undo `sleep` (no-op where unsupported)."""
-        ...
+    def wake(self) -> None: ...
 
 
 def prompts_to_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, **row_lists: list[Any]) -> Batch:
-    """A prompt-only Batch from token-id lists: left-padded to the longest prompt.
-
-    `row_lists` are per-row Batch fields (`prompt_text`, `ground_truth`, `prompt_index`), each
-    as long as `prompt_ids`. The pad id is recorded in `meta["pad_token_id"]`.
-    """
+    """A prompt-only Batch from token-id lists, left-padded to the longest prompt; `row_lists` are
+    per-row Batch fields (`prompt_text`, `ground_truth`, `prompt_index`); pad id in meta."""
     if not prompt_ids:
         raise ValueError("prompts_to_batch needs at least one prompt")
     if any(len(p) == 0 for p in prompt_ids):
@@ -108,20 +94,11 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def assemble_rollout(
-    prompts: Batch,
-    n: int,
-    responses: Sequence[Sequence[int]],
-    logprobs: Sequence[Sequence[float]],
-    truncated: Sequence[bool],
-    texts: Sequence[str],
-    pad_id: int,
-) -> Batch:
-    """The rollout Batch from per-sequence results, given in row order (prompt i, sample j at i*n+j).
-
-    `responses[r]` holds the real response tokens of row r (ending with EOS or the stop token
-    unless truncated) and `logprobs[r]` their sampling logprobs.
-    """
+def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]],
+                     truncated: Sequence[bool], texts: Sequence[str], pad_id: int) -> Batch:
+    """The rollout Batch from per-sequence results in row order (prompt i, sample j at i*n+j):
+    `responses[r]` the real tokens of row r (ending with EOS or the stop token unless truncated),
+    `logprobs[r]` their sampling logprobs."""
     rows = len(prompts) * n
     if not (len(responses) == len(logprobs) == len(truncated) == len(texts) == rows):
         raise ValueError(f"assemble_rollout: expected {rows} sequences ({len(prompts)} prompts x n={n})")
@@ -139,8 +116,7 @@ def assemble_rollout(
     repeated = prompts.select(torch.arange(len(prompts)).repeat_interleave(n))
     prompt_mask = repeated.attention_mask.long()
     prompt_positions = positions_from_mask(prompt_mask)
-    last = prompt_positions[:, -1:]
-    response_positions = last + torch.arange(1, width + 1).unsqueeze(0)
+    response_positions = prompt_positions[:, -1:] + torch.arange(1, width + 1).unsqueeze(0)
     return repeated.with_fields(
         input_ids=torch.cat([repeated.input_ids, response_ids], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),

@@ -1,9 +1,5 @@
-"""Rollouts with Hugging Face `generate`: works everywhere, no extra install.
-
-The sampler either shares the actor's module (the usual local setup: the actor's weights are the
-sampler's weights, so `sync_weights` has nothing to do) or owns a copy loaded from a model folder
-(`HFSampler.from_pretrained`), into which `sync_weights` loads each new state dict.
-"""
+"""Rollouts with Hugging Face `generate` on the sampler's own copy of the model: works everywhere,
+no extra install; `sync_weights` loads each new state dict into the copy."""
 
 from __future__ import annotations
 
@@ -16,15 +12,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists, prompts_to_batch
-from ppo_trainer.workers.devices import resolve_dtype
-
-
-def _dtype(name: str | torch.dtype | None, device_type: str = "cpu") -> Optional[torch.dtype]:
-    """A torch dtype from a dtype key's value; "auto" resolves for `device_type`."""
-    if name is None or isinstance(name, torch.dtype):
-        return name
-    name = resolve_dtype(name, device_type)
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+from ppo_trainer.workers.devices import compute_dtype
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -43,63 +31,36 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 class HFSampler:
     """Batched `model.generate` with left padding, stopping each sequence at EOS or a stop string.
 
-    Args:
-        model: a causal LM (`PreTrainedModel` or a peft model around one).
-        tokenizer: its tokenizer (decoding, EOS and pad ids).
-        cfg: temperature, top_p, top_k (0 disables), max_new_tokens, stop strings.
-        batch_size: sequences per `generate` call (prompts x n are split into chunks of this
-            many rows), bounding the memory of the KV cache and of the scores.
-        dtype: autocast dtype for generation (e.g. "bfloat16"); None or "float32" runs the
-            module in its own dtype.
-        owns_module: True when `model` is the sampler's private copy; then `sync_weights` loads
-            state dicts into it. False when it is the actor's module: sync is a no-op.
+    `model` is a causal LM with its `tokenizer`; `cfg` gives
+    temperature, top_p, top_k (0 disables), max_new_tokens and stop strings; `batch_size` rows
+    (of prompts x n) go into one `generate` call, bounding the KV cache and the scores.
 
     Sampling logprobs are the log-softmax of the scores after generate's logits processors
     (temperature, top-k, top-p), which the actor's recomputation applies the same way. Nothing
     else shapes the samples: settings in the model's generation_config.json are not applied.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        cfg: SamplerConfig,
-        *,
-        batch_size: int = 64,
-        dtype: str | torch.dtype | None = None,
-        owns_module: bool = False,
-    ) -> None:
+    def __init__(self, model: Any, tokenizer: Any, cfg: SamplerConfig, *, batch_size: int = 64) -> None:
         if batch_size < 1:
             raise ValueError(f"HFSampler batch_size must be >= 1, got {batch_size}")
-        self.model = model
+        self.model = model.eval()  # the sampler's own copy: never trained, no dropout
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.batch_size = batch_size
-        self.autocast_dtype = _dtype(dtype, next(model.parameters()).device.type)
-        self.owns_module = owns_module
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     @classmethod
-    def from_pretrained(
-        cls,
-        model_dir: str | Path,
-        cfg: SamplerConfig,
-        *,
-        batch_size: int = 64,
-        dtype: str = "float32",
-        device: str | torch.device = "cpu",
-        trust_remote_code: bool = False,
-    ) -> "HFSampler":
-        """A sampler that owns its own copy of the model in `model_dir`, loaded in `dtype`."""
+    def from_pretrained(cls, model_dir: str | Path, cfg: SamplerConfig, *, batch_size: int = 64, dtype: str = "float32",
+                        device: str | torch.device = "cpu", trust_remote_code: bool = False) -> "HFSampler":
+        """A sampler on a copy of the model in `model_dir`, loaded in `dtype` ("auto" for `device`)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=_dtype(dtype, torch.device(device).type), trust_remote_code=trust_remote_code
+            model_dir, dtype=compute_dtype(dtype, torch.device(device).type), trust_remote_code=trust_remote_code
         ).to(device)
-        model.eval()
-        return cls(model, tokenizer, cfg, batch_size=batch_size, owns_module=True)
+        return cls(model, tokenizer, cfg, batch_size=batch_size)
 
     @property
     def supports_sleep(self) -> bool:
@@ -112,9 +73,7 @@ class HFSampler:
         """No-op (see `sleep`)."""
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load `state_dict` (full HF names) into the owned copy; no-op when sharing the actor's module."""
-        if not self.owns_module:
-            return
+        """Load `state_dict` (full HF names) into the sampler's copy."""
         result = self.model.load_state_dict(state_dict, strict=False)
         if result.unexpected_keys:
             raise KeyError(f"sync_weights: names unknown to the sampler's model: {result.unexpected_keys[:5]}")
@@ -123,7 +82,7 @@ class HFSampler:
         if missing:
             raise KeyError(f"sync_weights: the state dict lacks parameters: {missing[:5]}")
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch."""
         if n < 1:
@@ -150,22 +109,11 @@ class HFSampler:
 
     @contextlib.contextmanager
     def _generation_mode(self, seed: int) -> Iterator[None]:
-        """Eval mode, no grad, autocast, and a seeded RNG that leaves the global RNG state untouched."""
+        """No grad, and a seeded RNG that leaves the global RNG state untouched."""
         device = next(self.model.parameters()).device
-        was_training = self.model.training
-        fork_devices = [device] if device.type == "cuda" else []
-        autocast = (
-            torch.autocast(device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype not in (None, torch.float32)
-            else contextlib.nullcontext()
-        )
-        self.model.eval()
-        try:
-            with torch.random.fork_rng(devices=fork_devices), torch.no_grad(), autocast:
-                torch.manual_seed(seed)
-                yield
-        finally:
-            self.model.train(was_training)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(seed)
+            yield
 
     def _generate_chunk(self, prompts: list[list[int]], greedy: bool,
                         max_new_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -174,36 +122,23 @@ class HFSampler:
 
         device = next(self.model.parameters()).device
         chunk = prompts_to_batch(prompts, self.pad_id)
-        sampling = (
-            dict(do_sample=True, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
-            if not greedy
-            else dict(do_sample=False)
-        )
+        c = self.cfg
+        sampling = (dict(do_sample=False) if greedy
+                    else dict(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
         gen_cfg = GenerationConfig(
-            **sampling,
-            max_new_tokens=max_new_tokens,
+            **sampling, max_new_tokens=max_new_tokens,
             # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
             # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
-            min_new_tokens=max_new_tokens if self.cfg.ignore_eos else 0,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-            stop_strings=list(self.cfg.stop) or None,
-            return_dict_in_generate=True,
-            output_scores=True,
+            min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+            stop_strings=list(c.stop) or None, return_dict_in_generate=True, output_scores=True,
         )
         with self._without_model_generation_config():
-            out = self.model.generate(
-                input_ids=chunk.input_ids.to(device),
-                attention_mask=chunk.attention_mask.to(device),
-                generation_config=gen_cfg,
-                tokenizer=self.tokenizer if self.cfg.stop else None,
-            )
+            out = self.model.generate(input_ids=chunk.input_ids.to(device), attention_mask=chunk.attention_mask.to(device),
+                                      generation_config=gen_cfg, tokenizer=self.tokenizer if c.stop else None)
         generated = out.sequences[:, chunk.input_ids.shape[1] :]
         token_logprobs = torch.stack(  # out.scores: one [rows, V] of processed logits per step
             [torch.log_softmax(s.float(), dim=-1).gather(-1, generated[:, t : t + 1]).squeeze(-1)
-             for t, s in enumerate(out.scores)],
-            dim=1,
-        )
+             for t, s in enumerate(out.scores)], dim=1)
         return generated.cpu().tolist(), token_logprobs.cpu().tolist()
 
     @contextlib.contextmanager
@@ -215,13 +150,11 @@ class HFSampler:
         neutral defaults fill the gaps."""
         from transformers import GenerationConfig
 
-        hf_model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        own = hf_model.generation_config
-        hf_model.generation_config = GenerationConfig()
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
             yield
         finally:
-            hf_model.generation_config = own
+            self.model.generation_config = own
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
         """(length of the real response, whether it ended on EOS or a stop string)."""

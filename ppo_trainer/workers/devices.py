@@ -1,20 +1,12 @@
-"""Accelerators and the placement of each role's workers on devices and nodes.
+"""Accelerators, compute dtypes, and the placement of each role's workers on devices and nodes:
+pure pieces shared by the dry-run plan and the backends (importing this module needs no torch).
 
-Two pure pieces, shared by the dry-run plan and the Ray backend:
-
-- `DeviceKind` / `detect`: what an accelerator is called in each system that cares. CUDA GPUs
-  are Ray's "GPU" resource, made visible through CUDA_VISIBLE_DEVICES, and talk over nccl;
-  Ascend NPUs (torch_npu) are Ray's "NPU" resource, ASCEND_RT_VISIBLE_DEVICES, hccl; on CPU a
-  "device" is a CPU slot (Ray's "CPU" resource) and ranks talk over gloo.
-- `plan_placement`: the devices of each role, as (node, local device index) per rank. Separate
-  pools (`devices.colocate=false`) give each role its own devices; colocated roles share one
-  pool whose device i hosts rank i of every role, each worker taking a fraction of the device.
-  Pools are laid onto nodes of `devices.devices_per_node` devices, first fit: a pool that fits
-  in one node never straddles two, a larger one takes whole nodes plus a remainder.
-
-Node indices in a `Placement` are the plan's own (0, 1, ...); the Ray backend maps them onto
-real nodes with enough free devices (`assign_nodes`) and pins each placement-group bundle there.
-Importing this module is cheap (no torch, no Ray).
+- `DeviceKind` / `detect`: an accelerator's names in torch, Ray and torch.distributed.
+- `auto_dtype` / `compute_dtype`: what a dtype key means on a device (`auto`: bf16 where native).
+- `plan_placement`: the (plan node, local device index) of each rank of each role. Separate pools
+  give each role its own devices; colocated roles share one pool whose device i hosts rank i of
+  every role. Pools are laid first-fit onto nodes: one that fits in a node never straddles two.
+- `assign_nodes`: plan nodes onto real Ray nodes with enough free, or PlacementError with numbers.
 """
 
 from __future__ import annotations
@@ -22,33 +14,29 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    import torch
 
 ROLES = ("actor", "critic", "rollout")
 DISTRIBUTED_ROLES = ("actor", "critic")  # FSDP: one process group per role; rollout replicas are independent
 SHARED_POOL = "shared"
+DTYPES = ("float32", "bfloat16", "float16")  # a dtype key's values besides "auto"
 
 
 class PlacementError(RuntimeError):
     """The device request does not fit the cluster; the message names the config key and the numbers."""
 
 
-# ---------------------------------------------------------------------------------------
-# Accelerator kinds
-# ---------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class DeviceKind:
-    """How one accelerator is named by torch, Ray and the launcher.
-
-    `name` is the accelerator placement is planned for; `torch_device_type` and `dist_backend`
-    are what the roles compute on. They normally agree; `computing_on("cpu")` keeps the Ray
-    resources (fake GPUs in tests) while the workers compute on CPU over gloo.
-    """
+    """How one accelerator is named by torch, Ray and the launcher; `torch_device_type` and
+    `dist_backend` differ from `name` only after `computing_on("cpu")` (fake GPUs in tests)."""
 
     name: str  # "cuda" | "npu" | "cpu"
     torch_device_type: str  # "cuda" | "npu" | "cpu"
@@ -63,8 +51,7 @@ class DeviceKind:
 
     def count(self, n: float) -> str:
         """"4 GPUs", "1 NPU", "0.33 GPU"."""
-        number = f"{n:g}"
-        return f"{number} {self.label}{'' if n == 1 else 's'}"
+        return f"{n:g} {self.label}{'' if n == 1 else 's'}"
 
     def computing_on(self, device_type: str) -> "DeviceKind":
         """The same placement, with the workers computing on `device_type` ("cpu" for tests)."""
@@ -72,7 +59,6 @@ class DeviceKind:
 
 
 DIST_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
-
 KINDS: dict[str, DeviceKind] = {
     "cuda": DeviceKind("cuda", "cuda", "GPU", "CUDA_VISIBLE_DEVICES", "nccl"),
     "npu": DeviceKind("npu", "npu", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "hccl"),
@@ -81,15 +67,12 @@ KINDS: dict[str, DeviceKind] = {
 
 
 def probe_accelerator() -> str:
-    """The accelerator this process sees: "cuda" if torch sees a GPU, "npu" if torch_npu sees an
-    Ascend NPU, else "cpu"."""
+    """"cuda" if torch sees a GPU, "npu" if torch_npu sees an Ascend NPU, else "cpu"."""
     import torch
 
     if torch.cuda.is_available():
         return "cuda"
-    if local_device_count("npu") > 0:
-        return "npu"
-    return "cpu"
+    return "npu" if local_device_count("npu") > 0 else "cpu"
 
 
 def detect(accelerator: str = "auto", probe: Callable[[], str] = probe_accelerator) -> DeviceKind:
@@ -101,38 +84,33 @@ def detect(accelerator: str = "auto", probe: Callable[[], str] = probe_accelerat
 
 
 def local_device_count(name: str) -> int:
-    """Devices of accelerator `name` visible to this process (0 where its runtime is missing)."""
+    """Devices of accelerator `name` ("cuda", "npu") visible to this process (0 without its runtime)."""
+    if name not in ("cuda", "npu"):
+        raise ValueError(f"local_device_count: {name!r} is not an accelerator (cuda, npu)")
+    if name == "npu" and importlib.util.find_spec("torch_npu") is None:
+        return 0
+    import torch
+
     if name == "npu":
-        if importlib.util.find_spec("torch_npu") is None:
-            return 0
-        import torch
         import torch_npu  # noqa: F401  (registers torch.npu)
 
         return torch.npu.device_count()  # type: ignore[attr-defined]
-    if name == "cuda":
-        import torch
-
-        return torch.cuda.device_count()
-    raise ValueError(f"local_device_count: {name!r} is not an accelerator (cuda, npu)")
+    return torch.cuda.device_count()
 
 
 # CPU flags of instructions that multiply bf16 matrices natively (AVX-512 BF16, Intel AMX). Without
-# them bf16 matmuls fall back to slow conversions (on an AVX2-only EPYC ~1 GFLOP/s against tens in
+# them bf16 matmuls fall back to slow conversions (an AVX2-only EPYC: ~1 GFLOP/s against tens in
 # fp32); with them bf16 is ~2.4x (AVX-512 BF16) to ~6x (AMX) faster than fp32.
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The instruction-set flags of this CPU (the first "flags" line of /proc/cpuinfo; empty
-    where the file does not exist, e.g. macOS). Reads a text file: no torch import."""
+    """The instruction-set flags of this CPU (first "flags" line of /proc/cpuinfo; empty where absent)."""
     try:
         with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+            return next((set(line.partition(":")[2].split()) for line in f if line.startswith("flags")), set())
     except OSError:
-        pass
-    return set()
+        return set()
 
 
 def auto_dtype(device_type: str, flags: Optional[set[str]] = None) -> tuple[str, str]:
@@ -140,8 +118,7 @@ def auto_dtype(device_type: str, flags: Optional[set[str]] = None) -> tuple[str,
     where the device computes it natively, float32 elsewhere. `flags` defaults to `cpu_flags()`."""
     if device_type in ("cuda", "npu"):
         return "bfloat16", f"{device_type} computes bf16 natively"
-    flags = cpu_flags() if flags is None else flags
-    found = [f for f in BF16_CPU_FLAGS if f in flags]
+    found = [f for f in BF16_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
     if found:
         return "bfloat16", f"the CPU has {found[0]}"
     return "float32", f"the CPU lacks {' and '.join(BF16_CPU_FLAGS)}: bf16 would be slower than fp32"
@@ -152,17 +129,20 @@ def resolve_dtype(name: str, device_type: str) -> str:
     return auto_dtype(device_type)[0] if name == "auto" else name
 
 
-# ---------------------------------------------------------------------------------------
-# Placement plan
-# ---------------------------------------------------------------------------------------
+def compute_dtype(name: str, device_type: str = "cpu") -> "torch.dtype":
+    """The torch dtype of a dtype key's value; "auto" resolves for `device_type`."""
+    import torch
+
+    name = resolve_dtype(name, device_type)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
 class Pool:
-    """Devices reserved together (one Ray placement group): one bundle per device.
-
-    `slots[b]` is the (plan node, local device index) of bundle b.
-    """
+    """Devices reserved together (one Ray placement group, one bundle per device);
+    `slots[b]` is the (plan node, local device index) of bundle b."""
 
     name: str  # the role for a separate pool, SHARED_POOL for colocated roles
     roles: tuple[str, ...]
@@ -174,8 +154,7 @@ class Pool:
 
     @property
     def strategy(self) -> str:
-        """Ray placement strategy: one node -> STRICT_PACK; several -> SPREAD (each bundle is
-        pinned to its planned node, so the strategy only states the intent)."""
+        """STRICT_PACK on one node, else SPREAD (each bundle is pinned to its node anyway)."""
         return "STRICT_PACK" if len(self.nodes) == 1 else "SPREAD"
 
     def per_node(self) -> dict[int, list[int]]:
@@ -188,8 +167,8 @@ class Pool:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Where each rank of one role runs: rank r occupies bundle `bundles[r]` of pool `pool`,
-    i.e. device `ranks[r]` = (plan node, local device index), taking `share` of it."""
+    """Rank r of `role` occupies bundle `bundles[r]` of pool `pool`, i.e. device `ranks[r]`
+    = (plan node, local device index), taking `share` of it."""
 
     role: str
     pool: str
@@ -228,7 +207,6 @@ class Placement:
         return next(p for p in self.pools if p.name == name)
 
     def devices_by_node(self) -> dict[int, int]:
-        """Plan node -> devices the plan takes there."""
         out: dict[int, int] = {}
         for p in self.pools:
             for node, devices in p.per_node().items():
@@ -244,8 +222,7 @@ def colocated_share(num_roles: int) -> float:
 
 def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple[int, int]]:
     """Take `count` devices from plan nodes with `free[node]` devices left (grown as needed):
-    whole fresh nodes for each full `devices_per_node`, then the remainder on the first node
-    with room, so a pool that fits in one node stays in one node."""
+    a fresh node per full `devices_per_node`, then the remainder on the first node with room."""
     slots: list[tuple[int, int]] = []
 
     def take(node: int, n: int) -> None:
@@ -267,29 +244,21 @@ def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple
 
 
 def plan_placement(cfg: DictConfig) -> Placement:
-    """Devices, nodes and bundles of every role, from the `devices` config alone (pure).
-
-    Local backend: one process, one device shared by all roles. Ray, separate pools: the actor's,
-    critic's and rollout's devices, in that order, laid first-fit onto nodes of
-    `devices.devices_per_node`. Ray, colocated: one pool of max(num_devices) devices; rank i of
-    each role sits on device i, each worker asking for `colocated_share(roles)` of it.
-    """
+    """Devices, nodes and bundles of every role, from the `devices` config alone. Local: one
+    shared device. Ray, separate: the actor's, critic's and rollout's pools in that order, first
+    fit. Ray, colocated: one pool of max(num_devices), each worker taking `colocated_share`."""
     dev = cfg.devices
     counts = {role: int(dev[role].num_devices) for role in ROLES}
     per_node = int(dev.devices_per_node)
     if dev.backend == "local":
-        pool = Pool(SHARED_POOL, ROLES, ((0, 0),))
         roles = {r: RolePlacement(r, SHARED_POOL, (0,), ((0, 0),), 1.0) for r in ROLES}
-        return Placement("local", True, per_node, (pool,), roles)
-
+        return Placement("local", True, per_node, (Pool(SHARED_POOL, ROLES, ((0, 0),)),), roles)
     free: list[int] = []
     if dev.colocate:
         slots = tuple(_first_fit(free, max(counts.values()), per_node))
         pools: tuple[Pool, ...] = (Pool(SHARED_POOL, ROLES, slots),)
         share = colocated_share(len(ROLES))
-        roles = {
-            r: RolePlacement(r, SHARED_POOL, tuple(range(counts[r])), slots[: counts[r]], share) for r in ROLES
-        }
+        roles = {r: RolePlacement(r, SHARED_POOL, tuple(range(counts[r])), slots[: counts[r]], share) for r in ROLES}
     else:
         pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in ROLES)
         roles = {p.name: RolePlacement(p.name, p.name, tuple(range(len(p.slots))), p.slots, 1.0) for p in pools}
@@ -314,7 +283,7 @@ def format_resources(resources: Mapping[str, float]) -> str:
 
 
 def bundle_spec(kind: DeviceKind) -> dict[str, float]:
-    """Resources of one placement-group bundle (one device): the device, plus one CPU to drive it."""
+    """One placement-group bundle: one device, plus one CPU to drive it."""
     return {kind.ray_resource: 1.0} if kind.ray_resource == "CPU" else {kind.ray_resource: 1.0, "CPU": 1.0}
 
 
@@ -325,9 +294,6 @@ def worker_resources(kind: DeviceKind, share: float) -> dict[str, float]:
 
 def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
     """Dry-run lines: each pool's devices per node and placement group, each role's ranks."""
-    def where(p: Pool) -> str:
-        return "; ".join(f"node {n}: {kind.label} {_ranges(d)}" for n, d in p.per_node().items())
-
     if placement.backend == "local":
         return [f"  actor, critic, rollout share one {kind.torch_device_type} device in this process"]
     lines = []
@@ -335,21 +301,16 @@ def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
     for p in placement.pools:
         n = len(p.slots)
         head = f"{'/'.join(p.roles)} pool" if len(p.roles) > 1 else f"{p.name:8s}"
-        lines.append(f"  {head} {kind.count(n)} ({where(p)}); placement group {p.strategy}, "
+        where = "; ".join(f"node {node}: {kind.label} {_ranges(d)}" for node, d in p.per_node().items())
+        lines.append(f"  {head} {kind.count(n)} ({where}); placement group {p.strategy}, "
                      f"{n} bundle{'s' if n > 1 else ''} of {spec}")
-        if len(p.roles) > 1:
-            for role in p.roles:
-                r = placement.roles[role]
-                share = format_resources(worker_resources(kind, r.share))
-                sleeps = " (its engine sleeps while actor and critic train)" if role == "rollout" else ""
-                lines.append(f"    {role:8s} {r.world_size} worker{'s' if r.world_size > 1 else ''}, rank i on "
-                             f"bundle i (bundles {_ranges(r.bundles)}), each {share}{sleeps}")
+        for role in p.roles if len(p.roles) > 1 else ():
+            r = placement.roles[role]
+            share = format_resources(worker_resources(kind, r.share))
+            sleeps = " (its engine sleeps while actor and critic train)" if role == "rollout" else ""
+            lines.append(f"    {role:8s} {r.world_size} worker{'s' if r.world_size > 1 else ''}, rank i on "
+                         f"bundle i (bundles {_ranges(r.bundles)}), each {share}{sleeps}")
     return lines
-
-
-# ---------------------------------------------------------------------------------------
-# Fitting a plan onto a cluster
-# ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -365,35 +326,19 @@ class ClusterNode:
         return f"{self.address} [{self.node_id[:8]}]"
 
 
-def _need_by_node(placement: Placement, kind: DeviceKind) -> dict[int, dict[str, float]]:
-    need: dict[int, dict[str, float]] = {}
-    for node, devices in placement.devices_by_node().items():
-        need[node] = {name: amount * devices for name, amount in bundle_spec(kind).items()}
-    return need
-
-
-def _pool_key(placement: Placement, pool: Pool) -> str:
+def _pool_key(pool: Pool) -> str:
     """The config keys that size `pool` (for messages)."""
     if len(pool.roles) == 1:
         return f"devices.{pool.name}.num_devices={len(pool.slots)}"
     return f"devices.colocate=true (a shared pool of max(devices.*.num_devices)={len(pool.slots)})"
 
 
-def _keys_on_node(placement: Placement, node: int) -> str:
-    return ", ".join(_pool_key(placement, p) for p in placement.pools if node in p.nodes)
-
-
 def check_fit(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNode], address: Optional[str]) -> None:
-    """Raise PlacementError unless the cluster has, free, what the plan asks for in total.
-
-    The message names the first pool (in actor, critic, rollout order) that no longer fits, with
-    the numbers: requested, free, taken by the pools before it, and per node.
-    """
+    """PlacementError unless the cluster has, free, what the plan asks for in total; the message
+    names the first pool (actor, critic, rollout order) that no longer fits, with the numbers."""
     resource = kind.ray_resource
     free_total = sum(n.free.get(resource, 0.0) for n in nodes)
     have_total = sum(n.total.get(resource, 0.0) for n in nodes)
-    per_node = ", ".join(f"{n.short()}: {n.free.get(resource, 0.0):g} free of {n.total.get(resource, 0.0):g}"
-                         for n in nodes) or "no alive nodes"
     if have_total == 0 and resource == "NPU":
         where = f"the Ray cluster at {address}" if address else "the local Ray cluster"
         join = f"--address={address} " if address else ""
@@ -402,47 +347,47 @@ def check_fit(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNod
             f"only where the Ascend runtime (acl) imports; start each node with them declared: "
             f"ray start {join}--resources='{{\"NPU\": {placement.devices_per_node}}}'"
         )
+    per_node = ", ".join(f"{n.short()}: {n.free.get(resource, 0.0):g} free of {n.total.get(resource, 0.0):g}"
+                         for n in nodes) or "no alive nodes"
     before: list[str] = []
     used = 0.0
     for p in placement.pools:
         if used + len(p.slots) > free_total + 1e-9:
             taken = f", of which {', '.join(before)} take {used:g}" if before else ""
             raise PlacementError(
-                f"{_pool_key(placement, p)} {kind.label}s do not fit: the cluster has {kind.count(free_total)} "
+                f"{_pool_key(p)} {kind.label}s do not fit: the cluster has {kind.count(free_total)} "
                 f"free{taken} ({kind.count(have_total)} in total; per node: {per_node}). Ask for fewer devices, "
                 "free them, or add nodes to the cluster"
             )
         used += len(p.slots)
-        before.append(_pool_key(placement, p))
-    if resource != "CPU":
-        cpu_needed = placement.num_devices
-        cpu_free = sum(n.free.get("CPU", 0.0) for n in nodes)
-        if cpu_needed > cpu_free + 1e-9:
-            raise PlacementError(
-                f"the plan needs {cpu_needed} logical CPUs (one per {kind.label} bundle) but the cluster has "
-                f"{cpu_free:g} free; declare more with devices.ray.num_cpus (local Ray) or ray start --num-cpus"
-            )
+        before.append(_pool_key(p))
+    cpu_free = sum(n.free.get("CPU", 0.0) for n in nodes)
+    if resource != "CPU" and placement.num_devices > cpu_free + 1e-9:
+        raise PlacementError(
+            f"the plan needs {placement.num_devices} logical CPUs (one per {kind.label} bundle) but the cluster "
+            f"has {cpu_free:g} free; declare more with devices.ray.num_cpus (local Ray) or ray start --num-cpus"
+        )
 
 
 def assign_nodes(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNode],
                  address: Optional[str] = None) -> dict[int, str]:
     """Map each plan node to a Ray node id with enough free resources: largest needs first, each
-    to the first node that fits it, preferring nodes no other plan node took (so that distinct
-    plan nodes are distinct machines where the cluster allows; a node with room for two plan nodes
-    takes both otherwise). Raises PlacementError with the numbers."""
+    to the first node that fits, preferring nodes no other plan node took (distinct plan nodes are
+    distinct machines where the cluster allows). Raises PlacementError with the numbers."""
     check_fit(placement, kind, nodes, address)
-    need = _need_by_node(placement, kind)
+    need = {node: {name: amount * devices for name, amount in bundle_spec(kind).items()}
+            for node, devices in placement.devices_by_node().items()}
     free = {n.node_id: dict(n.free) for n in nodes}
     mapping: dict[int, str] = {}
     for plan_node in sorted(need, key=lambda k: (-need[k].get(kind.ray_resource, 0.0), k)):
-        want = need[plan_node]
-        taken = set(mapping.values())
+        want, taken = need[plan_node], set(mapping.values())
         fits = [nid for nid in free if all(free[nid].get(r, 0.0) + 1e-9 >= a for r, a in want.items())]
         chosen = min(fits, key=lambda nid: nid in taken, default=None)
         if chosen is None:
+            keys = ", ".join(_pool_key(p) for p in placement.pools if plan_node in p.nodes)
             largest = max((f.get(kind.ray_resource, 0.0) for f in free.values()), default=0.0)
             raise PlacementError(
-                f"{_keys_on_node(placement, plan_node)}: the plan puts {kind.count(want[kind.ray_resource])} on one "
+                f"{keys}: the plan puts {kind.count(want[kind.ray_resource])} on one "
                 f"node (devices.devices_per_node={placement.devices_per_node}), but no Ray node has that many "
                 f"free (the most free on one node is {kind.count(largest)}; per node: "
                 + ", ".join(f"{n.short()}: {free[n.node_id].get(kind.ray_resource, 0.0):g}" for n in nodes)
@@ -456,26 +401,19 @@ def assign_nodes(placement: Placement, kind: DeviceKind, nodes: Sequence[Cluster
 
 def ray_init_kwargs(cfg: DictConfig, kind: DeviceKind, npu_count: Optional[int] = None,
                     cpu_count: Optional[int] = None, temp_dir: Optional[str] = None) -> dict[str, Any]:
-    """Arguments of `ray.init` that start a local Ray for this config (no address).
-
-    Loopback only (127.0.0.1), dashboard only with devices.ray.dashboard, and enough logical CPUs
-    for every bundle: devices.ray.num_cpus, else max(this machine's cores, devices + 1) (a 2-core
-    machine still places 4 one-CPU bundles). On NPU, the NPUs torch_npu sees are registered as
-    the "NPU" resource, since Ray detects them only where the Ascend runtime imports.
-    """
-    import os
-
-    placement = plan_placement(cfg)
+    """Arguments of `ray.init` that start a local Ray for this config: loopback only, dashboard
+    only with devices.ray.dashboard, logical CPUs = devices.ray.num_cpus, else max(cores,
+    devices + 1) (a 2-core machine still places 4 one-CPU bundles); on NPU the NPUs torch_npu
+    sees, as the "NPU" resource (Ray detects them only where the Ascend runtime imports)."""
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     kwargs: dict[str, Any] = {
-        "num_cpus": cfg.devices.ray.num_cpus or max(cores, placement.num_devices + 1),
+        "num_cpus": cfg.devices.ray.num_cpus or max(cores, plan_placement(cfg).num_devices + 1),
         "include_dashboard": bool(cfg.devices.ray.dashboard),
         "_node_ip_address": "127.0.0.1",
     }
     if temp_dir is not None:
         kwargs["_temp_dir"] = str(temp_dir)
-    if kind.ray_resource == "NPU":
-        n = local_device_count("npu") if npu_count is None else npu_count
-        if n > 0:
-            kwargs["resources"] = {"NPU": float(n)}
+    n = (local_device_count("npu") if npu_count is None else npu_count) if kind.ray_resource == "NPU" else 0
+    if n > 0:
+        kwargs["resources"] = {"NPU": float(n)}
     return kwargs

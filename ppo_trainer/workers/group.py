@@ -1,19 +1,13 @@
-"""`WorkerGroup`: N replicas of one role behind one API, whatever the backend.
+"""`WorkerGroup`: the replicas of one role behind one API, local (one in this process) or Ray
+(one actor per device, torch.distributed across the group: `ray_backend`). Each replica's
+`roles.Worker` calls the method of its engine.
 
-- local: one replica in this process, on one device.
-- ray: one Ray actor per device in a placement group, torch.distributed across the group
-  (see `ppo_trainer.workers.ray_backend`).
-
-Two ways to call a role's method:
 - `run_all(method, ...)`: every replica, same arguments (collective calls such as `update`,
-  which takes the full batch on every rank, or `save`); returns the list of results by rank.
-- `run_each(method, args_per_replica)`: replica i with its own arguments (restoring per-rank state).
+  which takes the full batch on every rank, or `save`); the results by rank.
+- `run_each(method, args_per_replica)`: replica i with its own arguments (per-rank state).
 - `run_split(method, batch, ..., seed=None)`: the batch's rows dealt across replicas, balanced by
-  token count; the per-replica results (tensors with a leading row dimension, or Batches) are put
-  back in the original row order. A `seed` is appended to each replica's arguments as
-  `roles.replica_seed(seed, i)`, so replicas do not draw the same random numbers.
-
-`build_groups(cfg)` builds the actor, critic and rollout groups of a config for either backend.
+  token count, the results (tensors with a leading row dimension, or Batches) put back in row
+  order; a `seed` goes to replica i as `roles.replica_seed(seed, i)` (distinct random numbers).
 """
 
 from __future__ import annotations
@@ -24,18 +18,17 @@ import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.workers.roles import ROLE_CLASSES, replica_seed
+from ppo_trainer.workers.roles import Worker, replica_seed
 
 if TYPE_CHECKING:
     from ppo_trainer.workers.devices import DeviceKind
 
 
 class Workers(Protocol):
-    """A backend's handles on the replicas of one role."""
+    """A backend's handles on the replicas of one role; `call` runs `method` on replica i with
+    `args_per_replica[i]`, concurrently, and returns the results by replica."""
 
-    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
-        """Call `method` on replica i with `args_per_replica[i]`, concurrently; results by replica."""
-        ...
+    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]: ...
 
     def __len__(self) -> int: ...
 
@@ -43,20 +36,20 @@ class Workers(Protocol):
 
 
 class LocalWorkers:
-    """One role instance in this process."""
+    """One `Worker` in this process."""
 
-    def __init__(self, role: Any):
-        self.role = role
+    def __init__(self, worker: Optional[Worker]):
+        self.worker = worker
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
         (args,) = args_per_replica
-        return [getattr(self.role, method)(*args, **kwargs)]
+        return [self.worker.call(method, *args, **kwargs)]
 
     def __len__(self) -> int:
         return 1
 
     def shutdown(self) -> None:
-        self.role = None
+        self.worker = None
 
 
 def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]], total: int) -> Any:
@@ -115,14 +108,9 @@ class WorkerGroup:
 
 
 def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[str, WorkerGroup]:
-    """The actor, critic and rollout groups of `cfg`, for either backend (roles built in order,
-    so a model error surfaces from the actor first).
-
-    local: every role in this process, on the one device of `kind` (detected from
-    `devices.accelerator` unless given), so colocated roles share it. ray: see
-    `ppo_trainer.workers.ray_backend.build_ray_groups` (starts or joins Ray as configured; all
-    roles start concurrently).
-    """
+    """The actor, critic and rollout groups of `cfg`. Local: built in that order (a model error
+    surfaces from the actor first) in this process, on the one device of `kind` (detected unless
+    given). Ray: `ray_backend.build_ray_groups` (all roles start concurrently)."""
     from ppo_trainer.workers.devices import ROLES, detect
 
     kind = kind or detect(cfg.devices.accelerator)
@@ -130,4 +118,4 @@ def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[s
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
         return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
-    return {role: WorkerGroup(role, LocalWorkers(ROLE_CLASSES[role](cfg, kind.torch_device_type))) for role in ROLES}
+    return {role: WorkerGroup(role, LocalWorkers(Worker(role, cfg, kind.torch_device_type))) for role in ROLES}

@@ -1,23 +1,17 @@
 """The Ray backend of `WorkerGroup`: one Ray actor per rank, in placement groups on planned nodes.
 
-Life of a run on Ray:
+1. `start_ray` joins `devices.ray.address`, or starts a local Ray on 127.0.0.1 (`ray_init_kwargs`).
+2. `fit_on_cluster` maps the plan's nodes (`plan_placement`) onto alive Ray nodes with that much
+   free, or fails at once naming the key and the numbers: nothing is created before all fits.
+3. One placement group per pool, one bundle per device, each pinned to its node by label.
+4. `RayWorkers` starts one `WorkerHost` per rank in its bundle, asking for the role's share of the
+   device; actor and critic ranks form one torch.distributed group per role (rank 0 picks
+   MASTER_ADDR/PORT), rollout replicas are independent.
 
-1. `start_ray` joins `devices.ray.address`, or starts a local Ray bound to 127.0.0.1 with enough
-   logical CPUs (and the NPUs torch_npu sees registered as the "NPU" resource).
-2. `plan_placement` (devices.py) gives each pool its devices per plan node; `assign_nodes` maps
-   plan nodes onto alive Ray nodes with that much free, or fails at once naming the role and the
-   numbers. Nothing is created before the whole plan fits.
-3. One placement group per pool, one bundle per device, each bundle pinned to its node through
-   the node's `ray.io/node-id` label; `pg.wait` has a timeout.
-4. `RayWorkers` starts one `WorkerHost` actor per rank in its bundle, asking for the role's share
-   of the device. Actor and critic ranks form one torch.distributed group per role (rank 0 picks
-   MASTER_ADDR/MASTER_PORT; the engine's `init_distributed` reads the env vars); rollout replicas
-   are independent.
-
-A call sends each replica its arguments (`ray.put` once per distinct object, so a state dict sent
-to every rollout replica is serialised once), then collects results one by one: the first
-failure raises `WorkerError` naming the role, the rank and that worker's own error, preferring it
-over peers' "connection closed" errors that follow it. A failed process group is torn down.
+A call `ray.put`s each distinct argument once (a state dict sent to every rollout replica is
+serialised once), then collects results; the first failure raises `WorkerError` naming the role,
+the rank and that worker's own error (not a peer's "connection closed"), and tears down a failed
+process group.
 """
 
 from __future__ import annotations
@@ -30,30 +24,15 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from ppo_trainer.workers.devices import (
-    DISTRIBUTED_ROLES,
-    ROLES,
-    ClusterNode,
-    DeviceKind,
-    Placement,
-    PlacementError,
-    Pool,
-    RolePlacement,
-    assign_nodes,
-    bundle_spec,
-    detect,
-    format_resources,
-    plan_placement,
-    ray_init_kwargs,
-    worker_resources,
-)
+from ppo_trainer.workers.devices import (DISTRIBUTED_ROLES, ROLES, ClusterNode, DeviceKind, Placement, PlacementError,
+                                         Pool, RolePlacement, assign_nodes, bundle_spec, detect, format_resources,
+                                         plan_placement, ray_init_kwargs, worker_resources)
 
 log = logging.getLogger("ppo_trainer")
 
 PLACEMENT_TIMEOUT_S = 60.0  # a placement group that fits on paper but is not ready by then fails
-FIT_SETTLE_S = 5.0  # resources freed moments ago (a group just shut down) take a moment to be reported
+FIT_SETTLE_S = 5.0  # resources freed moments ago (a group just shut down) are reported late
 FAILURE_GRACE_S = 3.0  # after a first failure, how long to wait for the failing worker's own report
-NODE_ID_LABEL = "ray.io/node-id"
 # Errors a rank reports when a peer of its process group went away: never the root cause.
 PEER_ERROR_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                       "remote process exited", "socket closed")
@@ -63,18 +42,10 @@ class WorkerError(RuntimeError):
     """A worker of a group failed; the message names the role, the rank and its own error."""
 
 
-# ---------------------------------------------------------------------------------------
-# Starting and joining Ray
-# ---------------------------------------------------------------------------------------
-
-
 def bind_loopback() -> None:
-    """Make a Ray started by this process bind and advertise 127.0.0.1 only.
-
-    Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 once, at import, as "single machine: use the
-    loopback address"; the variable is set for the processes Ray starts and the constant for this
-    one, which may have imported Ray already.
-    """
+    """Make a Ray started by this process bind and advertise 127.0.0.1 only: Ray reads
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 at import as "single machine" (the variable for the
+    processes it starts, the constant for this one, which may have imported Ray already)."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray._private.ray_constants as ray_constants
 
@@ -82,20 +53,16 @@ def bind_loopback() -> None:
 
 
 def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None, temp_dir: Optional[str] = None) -> None:
-    """Connect this process to Ray for `cfg`: join `devices.ray.address`, or start a local Ray
-    (loopback, dashboard per `devices.ray.dashboard`, CPUs per `ray_init_kwargs`, session files
-    under `temp_dir` or Ray's default). A no-op when Ray is already initialised here."""
+    """Join `devices.ray.address`, or start a local Ray for `cfg`; a no-op when already connected."""
     import ray
 
     if ray.is_initialized():
         return
-    address = cfg.devices.ray.address
-    if address:
-        ray.init(address=address)
+    if cfg.devices.ray.address:
+        ray.init(address=cfg.devices.ray.address)
         return
-    kind = kind or detect(cfg.devices.accelerator)
     bind_loopback()
-    ray.init(**ray_init_kwargs(cfg, kind, temp_dir=temp_dir))
+    ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator), temp_dir=temp_dir))
 
 
 def stop_ray() -> None:
@@ -117,18 +84,15 @@ def cluster_nodes() -> list[ClusterNode]:
         free: Optional[dict[str, dict[str, float]]] = available_resources_per_node()
     except (ImportError, AttributeError):
         free = None
-    return [
-        ClusterNode(n["NodeID"], n["NodeManagerAddress"],
-                    dict(n["Resources"] if free is None else free.get(n["NodeID"], {})), dict(n["Resources"]))
-        for n in ray.nodes()
-        if n["Alive"]
-    ]
+    return [ClusterNode(n["NodeID"], n["NodeManagerAddress"],
+                        dict(n["Resources"] if free is None else free.get(n["NodeID"], {})), dict(n["Resources"]))
+            for n in ray.nodes() if n["Alive"]]
 
 
 def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str],
                    settle_s: float = FIT_SETTLE_S) -> dict[int, str]:
     """Plan node -> Ray node id, or PlacementError. A plan that would fit an idle cluster but not
-    the resources free right now is retried for `settle_s` (freed resources are reported late)."""
+    the resources free right now is retried for `settle_s`."""
     deadline = time.monotonic() + settle_s
     while True:
         nodes = cluster_nodes()
@@ -142,26 +106,18 @@ def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str
             time.sleep(0.5)
 
 
-# ---------------------------------------------------------------------------------------
-# Placement groups
-# ---------------------------------------------------------------------------------------
-
-
 class PlacementPool:
-    """The placement group of one pool, shared by the roles placed in it; removed when the last
-    of them shuts down."""
+    """The placement group of one pool, shared by its roles; removed when the last one shuts down."""
 
     def __init__(self, pool: Pool, kind: DeviceKind, node_ids: dict[int, str], timeout_s: float = PLACEMENT_TIMEOUT_S):
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import placement_group
 
-        self.pool = pool
         self.users = 0
         bundles = [bundle_spec(kind) for _ in pool.slots]
-        selectors = [{NODE_ID_LABEL: node_ids[node]} for node, _ in pool.slots]
+        selectors = [{"ray.io/node-id": node_ids[node]} for node, _ in pool.slots]
         self.pg = placement_group(bundles, strategy=pool.strategy, bundle_label_selector=selectors)
         if not self.pg.wait(timeout_seconds=timeout_s):
-            remove_placement_group(self.pg)
-            self.pg = None
+            self.remove()
             raise PlacementError(
                 f"the placement group of the {pool.name} pool ({len(bundles)} bundles of "
                 f"{format_resources(bundles[0])}) was not ready after {timeout_s:g} s although the cluster "
@@ -185,55 +141,42 @@ class PlacementPool:
             self.pg = None
 
 
-# ---------------------------------------------------------------------------------------
-# The worker process
-# ---------------------------------------------------------------------------------------
-
-
 class WorkerHost:
-    """The body of one Ray actor: one role instance (`ROLE_CLASSES[role](cfg, device)`) for one rank.
+    """The body of one Ray actor: one `roles.Worker` for one rank.
 
-    Built in two steps so that every rank of a process group can be started before any of them
-    blocks in the rendezvous: the actor starts, then `build` sets the distributed env vars and
-    builds the role (the FSDP engine joins the process group from MASTER_ADDR/PORT, RANK, ...).
+    Built in two steps so that every rank of a process group is started before any of them blocks
+    in the rendezvous: the actor starts, then `build` sets the distributed env vars (read by the
+    FSDP engine's process group) and builds the worker.
     """
 
     def __init__(self, role: str, rank: int, ray_resource: str, visible_env: Optional[str]):
-        self.role_name = role
-        self.rank = rank
-        self.ray_resource = ray_resource
-        self.visible_env = visible_env
-        self.role: Any = None
+        self.role, self.rank = role, rank
+        self.ray_resource, self.visible_env = ray_resource, visible_env
+        self.worker: Any = None
+
+    def _device_ids(self) -> list[str]:
+        import ray
+
+        return ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource, [])
 
     def device_index(self) -> int:
         """Index, among the devices this process sees, of the device Ray assigned to it."""
-        import ray
-
-        ids = ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource, [])
-        if not ids:
-            return 0
+        ids = self._device_ids()
         visible = os.environ.get(self.visible_env or "", "")
-        order = [v.strip() for v in visible.split(",")] if visible else None
-        if order is None:
-            return int(ids[0])
+        if not ids or not visible:
+            return int(ids[0]) if ids else 0
+        order = [v.strip() for v in visible.split(",")]
         return order.index(ids[0]) if ids[0] in order else 0
 
     def node_info(self) -> dict[str, Any]:
-        """Where this worker runs: Ray node id and address, pid, assigned device ids, visible
-        devices, and the distributed env vars once built."""
+        """Where this worker runs: Ray node id and address, pid, devices, distributed env vars."""
         import ray
 
-        ctx = ray.get_runtime_context()
-        env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
         return {
-            "role": self.role_name,
-            "rank": self.rank,
-            "node_id": ctx.get_node_id(),
-            "address": ray.util.get_node_ip_address(),
-            "pid": os.getpid(),
-            "device_ids": ctx.get_accelerator_ids().get(self.ray_resource, []),
+            "role": self.role, "rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
+            "address": ray.util.get_node_ip_address(), "pid": os.getpid(), "device_ids": self._device_ids(),
             "visible_devices": os.environ.get(self.visible_env) if self.visible_env else None,
-            "env": env,
+            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
         }
 
     def rendezvous(self) -> tuple[str, int]:
@@ -246,7 +189,7 @@ class WorkerHost:
             return address, s.getsockname()[1]
 
     def build(self, cfg: DictConfig, device_type: str, rendezvous: Optional[tuple[str, int]], world_size: int) -> None:
-        from ppo_trainer.workers.roles import ROLE_CLASSES
+        from ppo_trainer.workers.roles import Worker
 
         index = self.device_index()
         if rendezvous is not None:
@@ -255,52 +198,25 @@ class WorkerHost:
                               WORLD_SIZE=str(world_size), LOCAL_RANK=str(index))
             if address.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
                 os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo would otherwise pick the hostname's interface
-        device = device_type if device_type == "cpu" else f"{device_type}:{index}"
-        self.role = ROLE_CLASSES[self.role_name](cfg, device)
+        self.worker = Worker(self.role, cfg, device_type if device_type == "cpu" else f"{device_type}:{index}")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.role, method)(*args, **kwargs)
-
-
-_REMOTE_HOST: Any = None
-
-
-def _remote_host() -> Any:
-    global _REMOTE_HOST
-    if _REMOTE_HOST is None:
-        import ray
-
-        _REMOTE_HOST = ray.remote(WorkerHost)
-    return _REMOTE_HOST
-
-
-def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
-    """`.options(...)` of a worker asking for `resources` (Ray takes GPUs and CPUs as keywords)."""
-    rest = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
-    options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0)}
-    if rest:
-        options["resources"] = rest
-    return options
+        return self.worker.call(method, *args, **kwargs)
 
 
 def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool) -> list[Any]:
     """One `WorkerHost` actor per rank of `role`, rank r in bundle `placement.bundles[r]`."""
+    import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    host = _remote_host()
-    options = _actor_options(worker_resources(kind, placement.share))
-    return [
-        host.options(
-            **options,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pool.pg, placement_group_bundle_index=bundle),
-        ).remote(role, rank, kind.ray_resource, kind.visible_env)
-        for rank, bundle in enumerate(placement.bundles)
-    ]
-
-
-# ---------------------------------------------------------------------------------------
-# Calls and failures
-# ---------------------------------------------------------------------------------------
+    resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords
+    options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0)}
+    if resources:
+        options["resources"] = resources
+    host = ray.remote(WorkerHost)
+    return [host.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pool.pg, placement_group_bundle_index=bundle)).remote(role, rank, kind.ray_resource, kind.visible_env)
+            for rank, bundle in enumerate(placement.bundles)]
 
 
 def _describe(error: BaseException) -> str:
@@ -308,9 +224,8 @@ def _describe(error: BaseException) -> str:
     from ray.exceptions import RayActorError, RayTaskError
 
     if isinstance(error, RayTaskError):
-        cause = error.cause
-        if cause is not None:
-            return f"{type(cause).__name__}: {cause}"
+        if error.cause is not None:
+            return f"{type(error.cause).__name__}: {error.cause}"
         return str(error).strip().splitlines()[-1]
     if isinstance(error, RayActorError):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -326,37 +241,31 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The `Workers` of one role on Ray: one `WorkerHost` actor per rank.
-
-    Starting is asynchronous: the constructor launches the actors and the role builds; `ready()`
-    (called by the first `call`) waits for them and reports the first failure.
-    """
+    """The `Workers` of one role on Ray: one `WorkerHost` actor per rank. The constructor launches
+    the actors and their builds; the first `call` waits for them (`ready`)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
-        self.kind = kind
-        self.placement = placement
         self.distributed = role in DISTRIBUTED_ROLES
         self.pool: Optional[PlacementPool] = pool.acquire()
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
-        world = placement.world_size
         self._starting: Optional[list[Any]] = [
-            h.build.remote(cfg, kind.torch_device_type, rendezvous, world) for h in self.hosts
+            h.build.remote(cfg, kind.torch_device_type, rendezvous, placement.world_size) for h in self.hosts
         ]
 
     def __len__(self) -> int:
         return len(self.hosts)
 
     def ready(self) -> None:
-        """Wait until every rank has built its role; WorkerError on the first failure."""
+        """Wait until every rank has built its worker; WorkerError on the first failure."""
         if self._starting is not None:
             refs, self._starting = self._starting, None
             self._gather(refs, "start")
 
     def worker_info(self) -> list[dict[str, Any]]:
-        """`WorkerHost.node_info` of every rank (node id, address, pid, devices, env)."""
+        """`WorkerHost.node_info` of every rank."""
         import ray
 
         return ray.get([h.node_info.remote() for h in self.hosts])
@@ -375,9 +284,8 @@ class RayWorkers:
             return refs[id(value)]
 
         shared_kwargs = {k: put(v) for k, v in kwargs.items()}
-        calls = [h.call.remote(method, *[put(a) for a in args], **shared_kwargs)
-                 for h, args in zip(self.hosts, args_per_replica)]
-        return self._gather(calls, method)
+        return self._gather([h.call.remote(method, *map(put, args), **shared_kwargs)
+                             for h, args in zip(self.hosts, args_per_replica)], method)
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
         """Results by rank; on the first failure, WorkerError with the most likely root cause."""
@@ -407,9 +315,8 @@ class RayWorkers:
     def _fail(self, what: str, failures: list[tuple[int, BaseException]]) -> None:
         texts = [_describe(error) for _, error in failures]
         chosen = root_cause(texts)
-        (rank, error), text = failures[chosen], texts[chosen]
-        others = len(texts) - 1
-        message = (f"{self.role} worker rank {rank} of {len(self.hosts)} failed in {what}: {text}"
+        (rank, error), others = failures[chosen], len(texts) - 1
+        message = (f"{self.role} worker rank {rank} of {len(self.hosts)} failed in {what}: {texts[chosen]}"
                    + (f" ({others} other rank{'s' if others > 1 else ''} failed too)" if others else ""))
         if self.distributed and len(self.hosts) > 1:
             self.failure = message  # the other ranks may be stuck in a collective: stop them
@@ -434,19 +341,11 @@ class RayWorkers:
             self.pool = None
 
 
-# ---------------------------------------------------------------------------------------
-# All three groups
-# ---------------------------------------------------------------------------------------
-
-
 def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None,
                      placement_timeout_s: float = PLACEMENT_TIMEOUT_S) -> dict[str, RayWorkers]:
-    """The workers of the actor, critic and rollout roles on Ray, placed per `plan_placement(cfg)`.
-
-    Starts or joins Ray (`start_ray`), checks that the plan fits before creating anything, then
-    creates the placement groups and the workers of all roles concurrently and waits for them.
-    `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests).
-    """
+    """The workers of every role on Ray, placed per `plan_placement(cfg)`: start or join Ray, check
+    that the plan fits, then create the placement groups and all roles' workers concurrently.
+    `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests)."""
     kind = kind or detect(cfg.devices.accelerator)
     if cfg.sampler.name == "vllm" and cfg.sampler.vllm.tensor_parallel_size > 1:
         raise PlacementError(
@@ -462,8 +361,7 @@ def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None,
         for pool in placement.pools:
             pools[pool.name] = PlacementPool(pool, kind, node_ids, placement_timeout_s)
         for role in ROLES:
-            role_placement = placement.roles[role]
-            workers[role] = RayWorkers(cfg, role, kind, role_placement, pools[role_placement.pool])
+            workers[role] = RayWorkers(cfg, role, kind, placement.roles[role], pools[placement.roles[role].pool])
         for w in workers.values():
             w.ready()
     except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 
-def ppo_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def ppo_train(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     code = "import sys; from ppo_trainer.cli import train_main; train_main(sys.argv[1:])"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=env)
 
 
 def test_dry_run_prints_the_plan_with_overrides_and_exits_0(tmp_path):
@@ -66,6 +68,30 @@ def test_hydra_info_flag_describes_the_app(tmp_path):
     result = ppo_train("+experiment=gsm8k", "--info", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Config search path" in result.stdout
+
+
+def test_hydra_info_prints_each_line_once_on_stdout(tmp_path):
+    result = ppo_train("--info", "searchpath", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Config search path") == 1 and result.stderr == ""
+
+
+@pytest.mark.parametrize("flag, expected", [("--help", "ppo-train is powered by Hydra"),
+                                            ("--hydra-help", "--shell-completion")])
+def test_help_flags_describe_the_app(tmp_path, flag, expected):
+    result = ppo_train(flag, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout
+    if flag == "--help":
+        assert "experiment: digits, gsm8k, gsm8k_cpu, smoke" in result.stdout
+
+
+def test_shell_completion_installs_and_completes_keys_and_options(tmp_path):
+    script = ppo_train("--shell-completion", "install=bash", cwd=tmp_path)
+    assert script.returncode == 0 and "hydra_bash_completion" in script.stdout
+    for line, completion in [("ppo-train gae.la", "gae.lam_mode="), ("ppo-train +experiment=", "+experiment=smoke")]:
+        query = ppo_train("-sc", "query=bash", cwd=tmp_path, env={**os.environ, "COMP_LINE": line})
+        assert completion in query.stdout.split(), query.stderr
 
 
 def test_hydra_flags_do_not_hide_a_bad_override(tmp_path):

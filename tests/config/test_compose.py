@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from typing import get_type_hints
 
-from ppo_trainer.config import compose, config_groups, group_options
-from ppo_trainer.config import ConfigError
+import pytest
+from omegaconf import OmegaConf
+
+from ppo_trainer.config import CONFIG_DIR, ConfigError, PPOConfig, compose, config_groups, group_options
 
 GROUPS = [g for g in config_groups() if g not in ("experiment", "sweep")]  # the optional `+` groups
 
@@ -18,6 +20,21 @@ def test_primary_config_has_every_group_of_the_design():
 def test_every_group_option_composes(group, option):
     cfg = compose([f"{group}={option}"])
     assert cfg.trainer.total_steps >= 1
+
+
+def _leaves(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
+def test_group_options_set_only_what_differs_from_the_schema(group, option):
+    """The defaults live in the dataclasses of config.py; a group option restating one would drift."""
+    values = _leaves(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")) or {})
+    schema = OmegaConf.structured(get_type_hints(PPOConfig)[group])
+    assert {k: v for k, v in values.items() if OmegaConf.select(schema, k) == v} == {}
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

@@ -124,6 +124,44 @@ def test_embedded_without_its_package_says_how_to_install(monkeypatch: pytest.Mo
 def test_unknown_builtin_names_list_the_available_ones(path: str) -> None:
     with pytest.raises(ModelPathError, match="available: "):
         resolve_model_path(path)
+    assert "available: " in loading.model_path_problem(path)
+
+
+def test_a_checkpoint_folder_resolves_to_its_part_only_when_asked(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import shutil
+
+    step = tmp_path / "global_step_1"
+    shutil.copytree(tiny_model_dir, step / "critic")
+    assert resolve_model_path(str(step), part="critic") == step / "critic"
+    assert loading.model_path_problem(str(step), "critic.path", part="critic") is None
+    with pytest.raises(ModelPathError, match="holds no config.json"):
+        resolve_model_path(str(step))  # model.path: no parts
+    (tmp_path / "critic").mkdir()
+    assert "holds no config.json" in loading.model_path_problem(str(tmp_path), "critic.path", part="critic")
+
+
+def test_the_plans_check_gives_the_runs_answer_naming_the_key_without_torch(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model"
+    problem = loading.model_path_problem(str(missing), "critic.path")
+    assert problem.startswith(f"critic.path='{missing}': folder not found")
+    assert loading.model_path_problem("random:tiny") is None
+    assert "hub is offline" in loading.model_path_problem("someone/not-a-cached-model")  # tests run offline
+    code = ("import sys; from ppo_trainer.models.loading import model_path_problem as p\n"
+            "p('someone/not-a-cached-model'); p('/no/such'); p('embedded:smollm2-135m-instruct')\n"
+            "assert not {'torch', 'transformers'} & set(sys.modules), sorted({'torch', 'transformers'} & set(sys.modules))")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_offline_is_read_as_huggingface_hub_and_datasets_read_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    assert not loading.hub_offline()
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")
+    assert loading.hub_offline() and loading.hub_offline(datasets=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # set: it wins over TRANSFORMERS_OFFLINE
+    assert not loading.hub_offline()
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "ON")
+    assert loading.hub_offline(datasets=True) and not loading.hub_offline()
 
 
 @pytest.mark.slow

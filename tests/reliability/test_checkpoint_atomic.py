@@ -52,14 +52,6 @@ def test_rotation_keeps_the_step_best_names(tmp_path):
     assert checkpoint.complete_steps(tmp_path) == [6]
 
 
-def test_checkpoint_part_names_the_role_folder_of_a_step(tmp_path):
-    folder = write_step(tmp_path, 1)
-    (folder / "critic").mkdir()
-    assert checkpoint.checkpoint_part(str(folder), "critic") == str(folder / "critic")
-    assert checkpoint.checkpoint_part(str(tmp_path), "critic") == str(tmp_path)  # not a step folder
-    assert checkpoint.checkpoint_part("random:tiny", "critic") == "random:tiny"
-
-
 def test_resume_never_and_explicit_path(tmp_path):
     folder = write_step(tmp_path, 1)
     assert checkpoint.resolve_resume(tmp_path, "never") is None

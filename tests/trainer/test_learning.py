@@ -7,7 +7,7 @@
 
     pytest -m slow tests/trainer/test_learning.py
 
-The last two use `ppo-train +experiment=digits` (ppo_trainer/configs/experiment/digits.yaml);
+The last two use `ppo-train +experiment=digits` (configs/experiment/digits.yaml);
 why one-digit sums used to plateau at a score of 0.2-0.3 (the policy spent its entropy on the
 most frequent answers while its output did not yet depend on the prompt), the variants tried
 and the curves of these runs are in docs/learning.md.

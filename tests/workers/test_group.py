@@ -45,3 +45,40 @@ def test_each_replica_samples_with_its_own_seed_and_one_replica_keeps_the_seed()
     again = Recording(4)
     WorkerGroup("rollout", again).run_split("generate", prompts(8), 2, seed=1234)
     assert [args[-1] for args in again.calls] == seeds[4]  # deterministic
+
+
+class FakeEngine:
+    """Records the calls a `Worker` passes on."""
+
+    rank = 0
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.calls.append((name, *args))
+
+
+def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_rng_and_memory_trim(monkeypatch, tmp_path):
+    from ppo_trainer.config import compose
+    from ppo_trainer.workers import roles
+
+    monkeypatch.setitem(roles.BUILDERS, "actor", lambda cfg, device: FakeEngine())
+    trims = []
+    monkeypatch.setattr(roles, "release_freed_host_memory", lambda: trims.append(1))
+    worker = roles.Worker("actor", compose(["trainer.seed=7"]), "cpu")
+    assert torch.equal(worker.rng_state()["cpu"], torch.manual_seed(7).get_state())  # seeded per rank (0: the seed)
+    worker.call("compute_logprobs", "rows")
+    worker.call("update", "batch")
+    assert trims == [1], "host memory is trimmed after an update, not after scoring"
+    worker.call("save", str(tmp_path))
+    worker.call("load", str(tmp_path))
+    assert worker.engine.calls == [
+        ("compute_logprobs", "rows"), ("update", "batch"),
+        ("save_hf", tmp_path / "actor", tmp_path / "actor_merged"), ("save_state", tmp_path / "state" / "actor"),
+        ("load_state", tmp_path / "state" / "actor"),
+    ]
+    state = worker.call("rng_state")
+    torch.rand(3)
+    worker.call("set_rng_state", state)
+    assert torch.equal(torch.get_rng_state(), state["cpu"])
