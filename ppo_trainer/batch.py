@@ -36,10 +36,8 @@ class Batch:
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
 
-    Non-tensor fields are per-row lists: `prompt_text`, `response_text`, `ground_truth`,
-    `prompt_index` (row of the source dataset). Fields not yet computed are None. Each [B, P+T]
-    or [B, T] field names its column block in its metadata, which `trim_padding` and `concat`'s
-    padding follow.
+    Non-tensor fields are per-row lists; fields not yet computed are None. Each [B, P+T] or [B, T]
+    field names its column block in its metadata, which the reshaping methods follow.
     """
 
     input_ids: torch.Tensor = field(metadata={"block": "full", "pad": "pad_id"})
@@ -97,8 +95,7 @@ class Batch:
         return {f.name: f.metadata for f in fields(self) if "block" in f.metadata and getattr(self, f.name) is not None}
 
     def row_extents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B] prompt lengths (real tokens of the left-padded prompt block) and [B] response
-        lengths (up to the last real token of the right-padded response block)."""
+        """[B] prompt lengths and [B] response lengths (up to each block's last real token)."""
         P, T = self.prompt_length, self.response_length
         prompt_lens = ((self.attention_mask[:, :P] != 0) * torch.arange(P, 0, -1)).amax(dim=1)
         response_real = self.attention_mask[:, P:] != 0
@@ -109,10 +106,8 @@ class Batch:
         return prompt_lens, (response_real * torch.arange(1, T + 1)).amax(dim=1)
 
     def trim_padding(self) -> "Batch":
-        """The same rows without the prompt columns that are padding in every row (on the left)
-        and the response columns that are padding in every row (on the right; at least one of
-        each is kept). The prompt/response boundary stays the boundary; position_ids travel with
-        their tokens."""
+        """The same rows without the columns that are padding in every row (left of the prompts,
+        right of the responses; at least one of each kept)."""
         P, T = self.prompt_length, self.response_length
         prompt_lens, response_lens = self.row_extents()
         keep_p = max(1, int(prompt_lens.max()))
@@ -137,9 +132,8 @@ class Batch:
         return self.with_fields(**out)
 
     def deal(self, parts: int) -> list[list[int]]:
-        """Row indices in `parts` shares of near-equal real tokens: longest rows first, each to the
-        share with the fewest tokens so far (ties: fewer rows, then the lower share); each share
-        ascending. Deterministic, so every rank computes the same split."""
+        """Row indices (ascending) in `parts` shares of near-equal real tokens: longest rows first,
+        each to the lightest share. Deterministic, so every rank computes the same split."""
         tokens = self.num_tokens().tolist()
         load = [0] * parts
         shares: list[list[int]] = [[] for _ in range(parts)]
@@ -160,8 +154,7 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
-        """Rows of all batches, in order; response blocks are right-padded to the widest
-        (`pad_responses`). Prompt blocks must have one width (pad prompts once, then split)."""
+        """Rows of all batches, responses right-padded to the widest; prompts must have one width."""
         if len({b.prompt_length for b in batches}) != 1:
             raise ValueError("batches with different prompt widths; prompts must be padded once before splitting")
         width = max(b.response_length for b in batches)

@@ -3,15 +3,13 @@
     checkpoints/global_step_N/actor/         HF export (config, safetensors, tokenizer; LoRA: adapter)
     checkpoints/global_step_N/actor_merged/  LoRA only: the adapter merged into its base (plain HF)
     checkpoints/global_step_N/critic/        the value model as an HF token-classification model
-    checkpoints/global_step_N/state/         exact resume: actor/ and critic/ (DCP: fp32 master weights,
-                                             optimizer, scheduler), trainer.json (step, loader position,
-                                             KL controller, non-finite streak), rng.pt (driver, all ranks)
+    checkpoints/global_step_N/state/         exact resume: actor/ and critic/ (DCP: weights, optimizer,
+                                             scheduler), trainer.json (counters, positions), rng.pt
     checkpoints/latest                       names the last complete step, written last
     checkpoints/best                         names the best step by trainer.objective; rotation keeps it
 
 A step is written into a hidden staging folder, fsynced and renamed into place before `latest`
-moves (replaced atomically): a crash leaves the previous checkpoint or the new one, never a
-half-written one that resume could pick.
+moves: a crash leaves the previous checkpoint or the new one, never a half-written one.
 """
 
 from __future__ import annotations
@@ -140,8 +138,7 @@ def save_trainer_state(folder: Path, state: dict[str, Any], rng: dict[str, torch
 
 
 def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The driver's state of a checkpoint, checked before any model loads: the JSON, the RNG
-    tensors (safe loading, tensors only) and the presence of both engines' resume state."""
+    """The driver's state of a checkpoint, checked (with both engines' folders) before any model loads."""
     try:
         state = json.loads((folder / "trainer.json").read_text())
         rng = torch.load(folder / "rng.pt", weights_only=True)

@@ -1,7 +1,5 @@
 """`ppo-eval`, and `evaluate_records`: the one evaluation function, which the trainer's validation
-(`val/accuracy`) calls too, with the same eval group settings, so the two measure the same thing.
-A response is correct when the reward function gives it at least `reward.correct_score`.
-"""
+calls too. A response is correct when it scores at least `reward.correct_score`."""
 
 from __future__ import annotations
 
@@ -30,25 +28,25 @@ from ppo_trainer.rollout.base import prompts_to_batch
 logger = logging.getLogger("ppo_trainer")
 
 
+def prompt_batch(records: Sequence[PromptRecord], pad_id: int) -> Batch:
+    return prompts_to_batch([r.prompt_ids for r in records], pad_id, prompt_text=[r.question for r in records],
+                            ground_truth=[r.ground_truth for r in records], prompt_index=[r.index for r in records])
+
+
 def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
                      pad_id: int, limit: Optional[int] = None, batch_size: int = 64, correct_score: float = 1.0,
                      on_error: str = "raise", extract: Callable[[str], Optional[str]] = extract_strict,
                      output_file: Optional[str | Path] = None) -> dict[str, Any]:
-    """Greedy responses (`generate`: one per prompt of a prompt-only batch) to the first `limit`
-    records (all if None), in batches of `batch_size`, scored with `reward_fn` (`on_error` as
-    reward.on_error). Rows, written to `output_file` as jsonl if given: index, question, response,
-    extracted (the answer `extract` reads, or null), ground_truth, score, correct, truncated.
-    Returns accuracy (fraction with score >= correct_score), num_correct, mean_score,
-    truncated_fraction, num_examples, output_file."""
+    """Greedy responses (`generate`: one per prompt) to the first `limit` records, scored with
+    `reward_fn`; the rows go to `output_file` as jsonl if given. Returns accuracy, num_correct,
+    mean_score, truncated_fraction, num_examples, output_file."""
     records = list(records)[:limit]
     if not records:
         raise ValueError("evaluate: no records to evaluate")
     rows: list[dict[str, Any]] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        prompts = prompts_to_batch([r.prompt_ids for r in chunk], pad_id, prompt_text=[r.question for r in chunk],
-                                   ground_truth=[r.ground_truth for r in chunk], prompt_index=[r.index for r in chunk])
-        out = generate(prompts)
+        out = generate(prompt_batch(chunk, pad_id))
         scores, _ = score_all(reward_fn, out.response_text, out.ground_truth, on_error)
         for record, response, score, truncated in zip(chunk, out.response_text, scores, out.truncated.tolist()):
             rows.append({"index": record.index, "question": record.question, "response": response,
@@ -66,9 +64,8 @@ def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[Promp
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for the default z, the normal
-    quantile of 0.975): unlike p +- z*sqrt(p(1-p)/n) it stays inside [0, 1] and does not collapse
-    to a point at 0 or n successes, which matters for small accuracies and problem counts."""
+    """The Wilson score interval of a binomial proportion (95% for the default z): unlike the normal
+    approximation it stays inside [0, 1] and does not collapse at 0 or n successes."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
     p = successes / n
@@ -78,15 +75,10 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     return max(0.0, center - half), min(1.0, center + half)
 
 
-# ---------------------------------------------------------------------------------- ppo-eval
-
-
 def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Optional[int]]:
-    """(the model folder to load, the run's output folder or None, the checkpoint's step or None)
-    of a ppo-eval model.path: a model folder or name (`resolve_model_path`), a checkpoint's actor
-    folder, a `global_step_N` folder (its merged LoRA export, else its actor), a pointer file
-    (`checkpoints/latest`, `checkpoints/best`) or a run's output folder (its latest checkpoint).
-    A LoRA adapter is merged into its base in a folder under `scratch`."""
+    """(model folder, run folder or None, checkpoint step or None) of a ppo-eval model.path: a
+    model, a checkpoint's actor folder, a `global_step_N` folder (its merged LoRA export, else its
+    actor), a pointer file or a run folder (its latest checkpoint). An adapter is merged under `scratch`."""
     local = Path(path).expanduser()
     step_folder: Optional[Path] = None
     actor: Optional[Path] = None
@@ -152,9 +144,8 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
-    """The typed config of an evaluation: the run's config.yaml (when evaluating a checkpoint of
-    a run) with each key or group that `overrides` name taken from `composed` (the defaults
-    composed with the overrides); without a run, `composed` itself."""
+    """The run's config.yaml with each key or group that `overrides` name taken from `composed`;
+    without a run, `composed` itself."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if run_dir is None:
@@ -170,12 +161,9 @@ def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) ->
 
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
-    """`ppo-eval`: every `model.path` of `overrides` on the same problems, printed with the Wilson
-    95% interval (a table for several models). A checkpoint of a run is evaluated with the run's
-    config.yaml under the overrides, decoded by its sampler; any other model by vLLM if installed,
-    else HF. Each result is `evaluate_records`' with `model` (as given), `step` (of a checkpoint,
-    else None) and `seconds`. Responses go to eval.output_file (default
-    `<trainer.output_dir>/eval.jsonl`; several models: `eval.<i>.jsonl`)."""
+    """`ppo-eval`: every `model.path` of `overrides` on the same problems. A run's checkpoint uses
+    the run's config.yaml under the overrides and its sampler; any other model vLLM if installed,
+    else HF. Each result is `evaluate_records`' plus `model`, `step` and `seconds`."""
     paths, rest = model_paths(overrides)
     composed = compose(rest)
     paths = paths or [composed.model.path]  # the model of an experiment, or the default

@@ -1,14 +1,5 @@
-"""The PPO loop: `Trainer.from_config(cfg)` builds data, reward and the three role groups;
-`Trainer.fit()` runs, per step:
-
-    generate -> reward -> old logprobs (+ rollout correction) -> reference logprobs -> values
-    -> advantages -> critic update -> actor update (after critic_warmup) -> weight sync,
-    validation every trainer.val_every steps, checkpoint every trainer.save_every steps and
-    whenever a validation improves trainer.objective (checkpoints/best names that step).
-
-The driver holds no model: it moves `Batch`es between worker groups and calls `ppo_trainer.core`
-for the algorithm's math.
-"""
+"""The PPO loop (one step: `Trainer.train_step`). The driver holds no model: it moves `Batch`es
+between the worker groups and calls `ppo_trainer.core` for the math."""
 
 from __future__ import annotations
 
@@ -33,9 +24,8 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
-from ppo_trainer.evaluate import evaluate_records
+from ppo_trainer.evaluate import evaluate_records, prompt_batch
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
-from ppo_trainer.rollout.base import prompts_to_batch
 from ppo_trainer.tracking import Tracker, console_stream, mask_secrets, run_summary
 from ppo_trainer.workers.group import WorkerGroup
 
@@ -46,15 +36,6 @@ def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step: fixed by (trainer.seed, step), so a resumed run samples
     what the uninterrupted run sampled (an engine's RNG state cannot be checkpointed)."""
     return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
-
-
-def prompt_batch(records: list[PromptRecord], pad_id: int) -> Batch:
-    return prompts_to_batch(
-        [r.prompt_ids for r in records], pad_id,
-        prompt_text=[r.question for r in records],
-        ground_truth=[r.ground_truth for r in records],
-        prompt_index=[r.index for r in records],
-    )
 
 
 class _Timer:
@@ -89,12 +70,9 @@ class Trainer:
         self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
         self._stop_requested: Optional[str] = None
 
-    # ------------------------------------------------------------------------------ building
-
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
-        """Check the output folder, load tokenizer and data (errors surface before any model
-        loads), then build the worker groups, and resume if a checkpoint says so."""
+        """Data, reward and resume state are checked before any model loads; then the groups."""
         from ppo_trainer.models.loading import load_tokenizer, resolve_model_path
         from ppo_trainer.workers.group import build_groups
 
@@ -115,11 +93,8 @@ class Trainer:
             trainer.load(resume_from, *resume_state)
         return trainer
 
-    # ------------------------------------------------------------------------------ the loop
-
     def fit(self) -> Optional[float]:
-        """Run to trainer.total_steps (or trainer.stop_after_steps); returns the objective metric
-        of the last step that reported it (trainer.objective), for sweepers."""
+        """Run to trainer.total_steps (or stop_after_steps); returns the last trainer.objective value."""
         t = self.cfg.trainer
         started, first_step = time.time(), self.step
         tracker = Tracker(self.output_dir, list(t.loggers), t.total_steps, self.step,
@@ -162,8 +137,7 @@ class Trainer:
         return objective
 
     def record_best(self, value: Optional[float]) -> bool:
-        """True (and remembered) when a validated objective beats the best so far, in the
-        direction of trainer.objective_direction; NaN and missing values never do."""
+        """True (and remembered) when a validated objective beats the best so far (NaN never does)."""
         if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
         maximize = self.cfg.trainer.objective_direction == "maximize"
@@ -237,8 +211,7 @@ class Trainer:
         return metrics, self.samples(batch)
 
     def guard_nonfinite(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
-        """Count updates whose optimizer steps were skipped for a non-finite loss or gradient
-        norm (the engine leaves the weights unchanged then); stop the run after
+        """Count updates with optimizer steps skipped for a non-finite gradient norm; stop after
         trainer.max_skipped_steps such PPO steps in a row, before anything is saved."""
         skipped = int(metrics.get(f"{role}/skipped_steps", 0))
         if not skipped:
@@ -258,8 +231,7 @@ class Trainer:
         return metrics
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
-        """The batch with advantages and returns (`core.advantages.compute`), and their metrics;
-        the KL controller steps on this batch's mean per-sequence KL."""
+        """The batch with advantages and returns (`core.advantages.compute`); steps the KL controller."""
         kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
                                  batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
@@ -270,8 +242,7 @@ class Trainer:
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
     def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The batch with rollout_weights (`core.rollout_correction`; None for
-        algorithm.rollout_correction=none) and the rollout_corr/* diagnostics."""
+        """The batch with rollout_weights (`core.rollout_correction`) and the rollout_corr/* metrics."""
         a = self.cfg.algorithm
         weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
                                          a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
@@ -297,12 +268,8 @@ class Trainer:
         return [{"prompt": batch.prompt_text[i], "response": batch.response_text[i],
                  "ground_truth": batch.ground_truth[i], "score": batch.scores[i].item()} for i in rows]
 
-    # ------------------------------------------------------------------------------ validation
-
     def validate(self) -> dict[str, float]:
-        """Greedy responses to the first eval.limit validation prompts (all if null), at most
-        eval.max_new_tokens each, through the evaluation function `ppo-eval` uses; val/accuracy
-        is the fraction scoring at least reward.correct_score, val/score/mean the mean score."""
+        """val/accuracy and val/score/mean of greedy responses (`evaluate_records`, as ppo-eval)."""
         e = self.cfg.eval
 
         def greedy(prompts: Batch) -> Batch:
@@ -315,11 +282,8 @@ class Trainer:
         self.rollout.run_all("sleep")
         return {"val/accuracy": result["accuracy"], "val/score/mean": result["mean_score"]}
 
-    # ------------------------------------------------------------------------------ checkpoints
-
     def save(self, best: bool = False) -> Path:
-        """Write checkpoints/global_step_N atomically (staging folder, fsync, rename, `latest`;
-        `best`: this step is the new checkpoints/best)."""
+        """Write checkpoints/global_step_N atomically (`checkpoint.commit`)."""
         staging = checkpoint.begin(self.output_dir, self.step)
         self.actor.run_all("save", str(staging))
         self.critic.run_all("save", str(staging))
@@ -332,9 +296,7 @@ class Trainer:
         return folder
 
     def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any]) -> None:
-        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state):
-        models, optimizers, schedules, data position, KL controller, non-finite streak, every
-        RNG state; then the rollout engine gets the restored weights."""
+        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state)."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])

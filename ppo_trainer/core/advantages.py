@@ -1,7 +1,4 @@
-"""One PPO step's advantages, between the critic's values and the updates: token rewards, GAE with
-one lambda per learner, whitening, and the step's reward/advantage metrics (shapes: see
-``ppo_trainer.core``).
-"""
+"""One PPO step's advantages: token rewards, GAE with one lambda per learner, whitening, metrics."""
 
 from __future__ import annotations
 
@@ -22,12 +19,9 @@ class Advantages(NamedTuple):
 
 
 def lambdas(response_mask: torch.Tensor, gae: Any, step: int, critic_warmup: int) -> tuple[Any, float]:
-    """One lambda per learner (VC-PPO): the policy's (gae.lam, or a [B] tensor with
-    gae.lam_mode=adaptive, VAPO) and the critic's (gae.critic_lam, default gae.lam).
-
-    During the ``critic_warmup`` first steps the critic learns lambda-1 (Monte Carlo) returns,
-    which do not lean on its own untrained values, of the initial policy's rollouts (the actor is
-    not updated yet).
+    """One lambda per learner (VC-PPO): the policy's (gae.lam, or [B] with lam_mode=adaptive) and
+    the critic's (gae.critic_lam, default gae.lam). During the ``critic_warmup`` first steps the
+    critic learns Monte Carlo returns (lambda 1), which do not lean on its own untrained values.
     """
     policy = adaptive_lambda(response_mask, gae.adaptive_alpha) if gae.lam_mode == "adaptive" else gae.lam
     critic = 1.0 if step <= critic_warmup else (gae.lam if gae.critic_lam is None else gae.critic_lam)
@@ -39,13 +33,9 @@ def compute(
     scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
     response_mask: torch.Tensor, gae: Any, *, kl_coef: float, step: int, critic_warmup: int,
 ) -> Advantages:
-    """Token rewards (score minus ``kl_coef`` x the gae.kl_penalty KL; ``ref_logprobs=None``: no
-    KL), GAE with ``lambdas``, optional whitening (gae.normalize_advantages) of the advantages.
-
-    ``gae``: the ``gae`` config section (gamma, lam, critic_lam, lam_mode, adaptive_alpha,
-    kl_penalty, normalize_advantages). At step 1 and at the first step after the warm-up (fresh
-    rollouts, still of the initial policy), critic/warmup_vf_explained_var_before / _after
-    measure the critic against the Monte Carlo returns.
+    """Token rewards (``ref_logprobs=None``: no KL), GAE with ``lambdas``, optional whitening;
+    ``gae``: the ``gae`` config section. At step 1 and the first step after the warm-up,
+    critic/warmup_vf_explained_var_before / _after measure the critic on Monte Carlo returns.
     """
     mask = response_mask
     rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)

@@ -15,9 +15,8 @@ def token_rewards(
     kl_coef: float, kl_penalty: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
-    token (the EOS, or the last token of a truncated response); a row without valid tokens gets
-    nothing. ``kl_t = losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty)``;
-    ``ref_logprobs=None`` (no reference: the KL is off) means no penalty.
+    token (the EOS, or the last token of a truncated response). ``kl_t = losses.kl_penalty(
+    old_logprobs, ref_logprobs, kl_penalty)``; ``ref_logprobs=None`` means no penalty.
 
     Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on padding.
     """
@@ -52,12 +51,9 @@ def compute_gae(
     token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float,
     lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE advantages and returns, vectorised over the batch.
-
-    ``delta_t = r_t + gamma * V(s_next) - V(s_t)`` and ``A_t = delta_t + gamma * lam * A_next``,
-    where "next" is the next valid token of the same row: masked positions are skipped as if
-    removed from the row, so any mask works, not only right padding. ``lam`` is one number or a
-    [B] tensor, one lambda per sequence (``adaptive_lambda``).
+    """GAE: ``delta_t = r_t + gamma * V(s_next) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_next``,
+    "next" the next valid token of the row (masked positions are skipped, so any mask works).
+    ``lam``: one number or [B], one per sequence (``adaptive_lambda``).
 
     Returns ``(advantages [B,T], returns [B,T])``, 0 on padding.
     """
@@ -67,15 +63,11 @@ def compute_gae(
     values_by_t = values.T.contiguous()
     rewards_by_t = torch.where(valid_by_t, token_rewards.T, 0)
 
-    # Alignment: values[:, t] is V(s_t), the state *before* token t, so the state reached after
-    # emitting token t is the state before the next valid token, and its value is what token t
-    # bootstraps from; shifting this by one is the classic PPO-for-LLMs bug. After the last valid
-    # token the response has ended (EOS) or was cut off, and the reward function scored it as
-    # finished either way: the episode is over, so nothing is bootstrapped (V = 0), and the
-    # critic's output on padding is never read.
-    # upcoming[t] is the value of the first valid state at or after t, 0 past the end: decay 0
-    # makes a valid position take its own value; decay 1 (its value zeroed) makes a masked one
-    # pass on the value that follows it.
+    # Alignment: values[:, t] is V(s_t), the state *before* token t, so token t bootstraps from
+    # the value before the next valid token; shifting this by one is the classic PPO-for-LLMs bug.
+    # After the last valid token the episode is over (EOS, or cut off and scored as finished):
+    # nothing is bootstrapped (V = 0). upcoming[t]: the first valid value at or after t (decay 0
+    # keeps a valid position's own value, decay 1 passes the next one on through padding).
     upcoming = _reverse_scan(values_by_t, (~valid_by_t).to(values.dtype))
     deltas = torch.where(valid_by_t, rewards_by_t + gamma * upcoming[1:] - values_by_t, 0)
 
@@ -89,13 +81,9 @@ def compute_gae(
 
 
 def adaptive_lambda(response_mask: torch.Tensor, alpha: float) -> torch.Tensor:
-    """VAPO's length-adaptive lambda (Yue et al. 2025), [B] float32: ``clamp(1 - 1 / (alpha * l),
-    0, 1)``, ``l`` the row's valid tokens of ``response_mask`` [B, T].
-
-    A fixed lambda < 1 discounts a reward that arrives after l tokens by lambda^l, so the first
-    tokens of a long response hardly see the final score; this keeps the sum of the GAE weights,
-    1 / (1 - lambda) = alpha * l, proportional to the length. Rows of at most 1 / alpha tokens
-    (and empty rows) get 0.
+    """VAPO's length-adaptive lambda (Yue et al. 2025), [B]: ``clamp(1 - 1 / (alpha * l), 0, 1)``,
+    ``l`` the row's valid tokens. A fixed lambda < 1 discounts a reward l tokens away by lambda^l;
+    this keeps the sum of the GAE weights, 1 / (1 - lambda) = alpha * l, proportional to the length.
     """
     lengths = response_mask.bool().sum(dim=-1).float()
     return torch.clamp(1 - 1 / (alpha * lengths), 0, 1)

@@ -23,9 +23,7 @@ class FixedKL:
 
 class AdaptiveKL(FixedKL):
     """Steer the KL coefficient so the observed KL tracks ``target`` (Ziegler et al., 2019):
-    ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon``, i.e. it grows when the
-    policy drifts further from the reference than ``target`` and shrinks when it stays closer,
-    by at most 20% per ``horizon`` samples."""
+    ``coef *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon``."""
 
     def __init__(self, init_coef: float, target: float, horizon: float) -> None:
         if target <= 0 or horizon <= 0:

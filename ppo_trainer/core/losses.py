@@ -1,6 +1,5 @@
-"""PPO losses: clipped policy surrogate, clipped value loss, KL penalties, aggregation, and the
-actor's and critic's micro-batch losses built from them (shapes: see ``ppo_trainer.core``).
-"""
+"""PPO losses: clipped policy and value losses, KL penalties, aggregation, and the actor's and
+critic's micro-batch losses built from them."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ class PolicyLossOutput(NamedTuple):
     loss: torch.Tensor
     clipfrac: torch.Tensor  # actor/pg_clipfrac: tokens where the ratio clip was active
     approx_kl: torch.Tensor  # actor/ppo_kl
-    dual_clipfrac: torch.Tensor  # tokens where the dual-clip bound was active (0 if disabled)
 
 
 class ValueLossOutput(NamedTuple):
@@ -43,10 +41,8 @@ def aggregate(
     seq-mean-token-sum      sum over rows of (row's summed valid token loss) / global_seqs
     ======================  ===================================================================
 
-    The denominators are the counts of the whole mini-batch (all micro-batches and ranks): with
-    each micro-batch's own count, the summed micro-batch losses would differ from the full-batch
-    loss whenever micro-batches hold different numbers of tokens. ``None`` uses the local count
-    (one call on the full batch is the reference). Rows without valid tokens contribute 0.
+    The counts are the whole mini-batch's (all micro-batches and ranks), so the micro-batch losses
+    sum to the full-batch loss; ``None``: the local count. Rows without valid tokens give 0.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
@@ -69,11 +65,10 @@ def policy_loss(
 ) -> PolicyLossOutput:
     """Clipped PPO surrogate, to be minimised, reduced by ``aggregate``.
 
-    Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`` with
-    ``r = exp(clamp(logprobs - old_logprobs, -20, 20))``. With ``dual_clip = c > 1``, tokens with
-    A < 0 are also capped at ``-c * A``: a huge ratio on a bad action would otherwise give an
-    unbounded loss. ``token_weights`` [B, T] (``core.rollout_correction``) multiply each token's
-    clipped loss as detached constants; the aggregation's denominators stay the counts.
+    Per token: ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``, ``r = exp(logprobs -
+    old_logprobs)``. With ``dual_clip = c > 1`` tokens with A < 0 are capped at ``-c * A`` (a huge
+    ratio on a bad action would give an unbounded loss). ``token_weights`` [B, T] multiply each
+    token's loss as constants; the denominators stay the counts.
     """
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
@@ -90,17 +85,13 @@ def policy_loss(
     loss_mat = torch.maximum(unclipped, clipped)
     clipfrac = clip_fraction(clipped > unclipped, valid)
 
-    dual_clipfrac = torch.zeros((), device=loss_mat.device)
     if dual_clip is not None:
-        bound = -advantages * dual_clip
-        negative = advantages < 0
-        dual_clipfrac = clip_fraction(negative & (loss_mat > bound), valid)
-        loss_mat = torch.where(negative, torch.minimum(loss_mat, bound), loss_mat)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, -advantages * dual_clip), loss_mat)
     if token_weights is not None:
         loss_mat = loss_mat * torch.where(valid, token_weights.detach(), 0)
 
     loss = aggregate(loss_mat, valid, agg, global_tokens, global_seqs)
-    return PolicyLossOutput(loss, clipfrac, approx_kl(logprobs, old_logprobs, valid), dual_clipfrac)
+    return PolicyLossOutput(loss, clipfrac, approx_kl(logprobs, old_logprobs, valid))
 
 
 def value_loss(
@@ -108,12 +99,9 @@ def value_loss(
     clip: float | None = None, agg: str = "token-mean", global_tokens: Count | None = None,
     global_seqs: Count | None = None,
 ) -> ValueLossOutput:
-    """Clipped value loss, to be minimised, reduced by ``aggregate``.
-
-    Per token: ``0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2)``: a token whose
-    prediction already moved more than ``c`` from its rollout-time value gives no further
-    gradient. ``clip=None`` gives the plain ``0.5 * (v - R)^2``.
-    """
+    """Clipped value loss, reduced by ``aggregate``: per token ``0.5 * max((v - R)^2, (v_old +
+    clip(v - v_old, -c, c) - R)^2)`` (a prediction that moved more than ``c`` from its rollout-time
+    value gets no further gradient); ``clip=None``: ``0.5 * (v - R)^2``."""
     valid = response_mask.bool()
     values = torch.where(valid, values, 0)
     returns = torch.where(valid, returns, 0)
@@ -158,19 +146,16 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
-
 def actor_loss(
     logprobs: torch.Tensor, entropy: torch.Tensor | None, old_logprobs: torch.Tensor, advantages: torch.Tensor,
     response_mask: torch.Tensor, ref_logprobs: torch.Tensor | None, rollout_weights: torch.Tensor | None,
     algorithm: Any, global_tokens: Count, global_seqs: Count,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's share of the actor's mini-batch loss: the clipped policy loss (weighted by
-    ``rollout_weights``), minus entropy_coef x entropy when ``entropy`` [B, T] is given, plus
-    kl_loss_coef x KL to the reference with use_kl_loss, aggregated with the mini-batch's global
-    counts. ``algorithm``: the ``algorithm`` config section.
+    """One micro-batch's share of the actor's loss: the clipped policy loss, minus entropy_coef x
+    entropy when ``entropy`` [B, T] is given, plus kl_loss_coef x KL with use_kl_loss.
 
-    Returns the loss and detached shares (summing over micro-batches to the mini-batch value) of
-    pg_loss, pg_clipfrac, ppo_kl, and of update_entropy and kl_loss when their term is on.
+    Returns the loss and detached shares of pg_loss, pg_clipfrac, ppo_kl, and of update_entropy
+    and kl_loss when their term is on.
     """
     a, mask = algorithm, response_mask
     norm = {"global_tokens": global_tokens, "global_seqs": global_seqs}
@@ -195,8 +180,7 @@ def critic_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
     clip: float | None, agg: str, global_tokens: Count, global_seqs: Count,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's share of the critic's mini-batch value loss (``value_loss`` with the
-    global counts) and detached shares of vf_loss and vf_clipfrac."""
+    """One micro-batch's share of the value loss and detached shares of vf_loss and vf_clipfrac."""
     out = value_loss(values, old_values, returns, response_mask, clip, agg, global_tokens, global_seqs)
     share = response_mask.sum() / global_tokens
     return out.loss, {"vf_loss": out.loss.detach(), "vf_clipfrac": out.clipfrac * share}

@@ -1,9 +1,5 @@
-"""Rollout correction: constant importance weights for the training-inference mismatch.
-
-The sampler (vLLM, or HF generate in another dtype, kernel or with stale weights) draws the
-responses from pi_rollout, while PPO's surrogate treats them as samples of pi_old, the trainer's
-recomputed policy. The per-token ratio ``rho_t = pi_old / pi_rollout`` corrects for that
-(Yao et al. 2025; Liu & Li 2025):
+"""Rollout correction: the sampler draws from pi_rollout (another dtype, kernel or stale weights),
+PPO's surrogate assumes pi_old; ``rho_t = pi_old / pi_rollout`` corrects that (Yao et al. 2025):
 
 ======  =====================================================================================
 none    no weights
@@ -13,9 +9,8 @@ mis     sequence-level masked IS: ``w_t = 1`` on a sequence whose geometric-mean
         its length
 ======  =====================================================================================
 
-The weights depend only on pi_old and pi_rollout, fixed for the whole PPO step, so they are
-computed once on the driver and enter the loss as constants (``policy_loss(token_weights=)``).
-Shapes: see ``ppo_trainer.core``; the weights are [B, T], 0 on padding.
+Both policies are fixed for the PPO step, so the [B, T] weights are computed once on the driver
+and enter the loss as constants (``policy_loss(token_weights=)``).
 """
 
 from __future__ import annotations
@@ -35,8 +30,8 @@ def rollout_weights(
     old_logprobs: torch.Tensor, sample_logprobs: torch.Tensor, response_mask: torch.Tensor, mode: str, cap: float = 2.0,
     low: float = 0.5, high: float = 2.0,
 ) -> tuple[Optional[torch.Tensor], dict[str, torch.Tensor]]:
-    """The weights of ``mode`` (None for ``none``) and their diagnostics (detached scalars over
-    valid tokens; log-ratios compare in log space, so a huge ratio never overflows):
+    """The weights of ``mode`` (None for ``none``) and their diagnostics (computed in log space, so
+    a huge ratio never overflows):
 
     =================  ================================================================
     kl_k3              k3 estimate of KL(pi_rollout || pi_old) (every mode)

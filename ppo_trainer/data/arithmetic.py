@@ -1,15 +1,15 @@
-"""A seeded generator of easy GSM8K-format word problems ("#### N"), for offline demos a 135M model
-can learn: one or two operations (+, -, x, /) on whole numbers from 1 to `max_operand`, with
-non-negative integer answers and varied names, objects and templates.
+"""A seeded generator of easy GSM8K-format word problems ("#### N") that a 135M model can learn:
+one or two operations on whole numbers from 1 to `max_operand`, with non-negative integer answers.
 
-Train and validation never share a question: it belongs to the validation pool exactly when a hash
-of its text falls in one bucket out of `VAL_BUCKETS`. The validation set is drawn with the fixed
-`VAL_SEED` (not the training seed): `val_size` distinct questions, comparable across runs.
+Train and validation never share a question (a hash of its text picks the validation pool); the
+validation set is drawn with the fixed `VAL_SEED`, so it is comparable across runs.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import operator
 import random
 from typing import Callable
 
@@ -36,33 +36,26 @@ def _words(rng: random.Random, templates: tuple[str, ...], **numbers: int) -> st
     return template.format(x=x, y=y, obj=obj, **numbers)
 
 
-def _add(rng: random.Random, top: int) -> Problem:
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _one_step(rng: random.Random, top: int, op: str, templates: tuple[str, ...]) -> Problem:
+    """`a op b` with operands up to `top`; a difference puts the larger operand first."""
     a, b = rng.randint(1, top), rng.randint(1, top)
-    question = _words(rng, (
-        "{x} has {a} {obj}. {y} gives {x} {b} more {obj}. How many {obj} does {x} have now?",
-        "{x} picked {a} {obj} in the morning and {b} {obj} in the afternoon. How many {obj} did {x} pick in total?",
-        "There are {a} {obj} in a box and {b} {obj} on the table. How many {obj} are there altogether?",
-    ), a=a, b=b)
-    return question, f"{a} + {b} = {a + b}\n#### {a + b}"
+    if op == "-":
+        a, b = max(a, b), min(a, b)
+    result = OPS[op](a, b)
+    return _words(rng, templates, a=a, b=b), f"{a} {op} {b} = {result}\n#### {result}"
 
 
-def _subtract(rng: random.Random, top: int) -> Problem:
-    a, b = sorted((rng.randint(1, top), rng.randint(1, top)), reverse=True)
-    question = _words(rng, (
-        "{x} has {a} {obj} and gives {b} of them to {y}. How many {obj} does {x} have left?",
-        "A shop had {a} {obj}. It sold {b} {obj}. How many {obj} does the shop have now?",
-        "{x} had {a} {obj} and lost {b} of them. How many {obj} does {x} have now?",
-    ), a=a, b=b)
-    return question, f"{a} - {b} = {a - b}\n#### {a - b}"
-
-
-def _multiply(rng: random.Random, top: int) -> Problem:
+def _two_step(rng: random.Random, top: int, first: str, second: str, template: str) -> Problem:
+    """`(a first b) second c`; a subtracted `c` is at most `a first b`, so the answer stays >= 0."""
     a, b = rng.randint(1, top), rng.randint(1, top)
-    question = _words(rng, (
-        "{x} buys {a} bags with {b} {obj} in each bag. How many {obj} does {x} buy?",
-        "There are {a} rows of {obj} with {b} {obj} in each row. How many {obj} are there?",
-    ), a=a, b=b)
-    return question, f"{a} * {b} = {a * b}\n#### {a * b}"
+    partial = OPS[first](a, b)
+    c = rng.randint(1, min(top, partial) if second == "-" else top)
+    result = OPS[second](partial, c)
+    question = _words(rng, (template,), a=a, b=b, c=c)
+    return question, f"{a} {first} {b} = {partial}\n{partial} {second} {c} = {result}\n#### {result}"
 
 
 def _divide(rng: random.Random, top: int) -> Problem:
@@ -75,31 +68,31 @@ def _divide(rng: random.Random, top: int) -> Problem:
     return question, f"{total} / {people} = {share}\n#### {share}"
 
 
-def _add_then_subtract(rng: random.Random, top: int) -> Problem:
-    a, b = rng.randint(1, top), rng.randint(1, top)
-    c = rng.randint(1, min(top, a + b))
-    question = _words(rng, ("{x} has {a} {obj}. {x} buys {b} more and then gives {c} to {y}. "
-                            "How many {obj} does {x} have now?",), a=a, b=b, c=c)
-    return question, f"{a} + {b} = {a + b}\n{a + b} - {c} = {a + b - c}\n#### {a + b - c}"
-
-
-def _multiply_then_add(rng: random.Random, top: int) -> Problem:
-    a, b, c = rng.randint(1, top), rng.randint(1, top), rng.randint(1, top)
-    question = _words(rng, ("{x} buys {a} packs of {obj} with {b} {obj} in each pack and finds {c} more {obj}. "
-                            "How many {obj} does {x} have?",), a=a, b=b, c=c)
-    return question, f"{a} * {b} = {a * b}\n{a * b} + {c} = {a * b + c}\n#### {a * b + c}"
-
-
-def _multiply_then_subtract(rng: random.Random, top: int) -> Problem:
-    a, b = rng.randint(1, top), rng.randint(1, top)
-    c = rng.randint(1, min(top, a * b))
-    question = _words(rng, ("{x} has {a} boxes with {b} {obj} in each box. {x} gives {c} {obj} to {y}. "
-                            "How many {obj} does {x} have left?",), a=a, b=b, c=c)
-    return question, f"{a} * {b} = {a * b}\n{a * b} - {c} = {a * b - c}\n#### {a * b - c}"
-
-
-ONE_STEP = (_add, _subtract, _multiply, _divide)
-TWO_STEP = (_add_then_subtract, _multiply_then_add, _multiply_then_subtract)
+ONE_STEP = (
+    functools.partial(_one_step, op="+", templates=(
+        "{x} has {a} {obj}. {y} gives {x} {b} more {obj}. How many {obj} does {x} have now?",
+        "{x} picked {a} {obj} in the morning and {b} {obj} in the afternoon. How many {obj} did {x} pick in total?",
+        "There are {a} {obj} in a box and {b} {obj} on the table. How many {obj} are there altogether?",
+    )),
+    functools.partial(_one_step, op="-", templates=(
+        "{x} has {a} {obj} and gives {b} of them to {y}. How many {obj} does {x} have left?",
+        "A shop had {a} {obj}. It sold {b} {obj}. How many {obj} does the shop have now?",
+        "{x} had {a} {obj} and lost {b} of them. How many {obj} does {x} have now?",
+    )),
+    functools.partial(_one_step, op="*", templates=(
+        "{x} buys {a} bags with {b} {obj} in each bag. How many {obj} does {x} buy?",
+        "There are {a} rows of {obj} with {b} {obj} in each row. How many {obj} are there?",
+    )),
+    _divide,
+)
+TWO_STEP = (
+    functools.partial(_two_step, first="+", second="-", template="{x} has {a} {obj}. {x} buys {b} more and then "
+                      "gives {c} to {y}. How many {obj} does {x} have now?"),
+    functools.partial(_two_step, first="*", second="+", template="{x} buys {a} packs of {obj} with {b} {obj} in "
+                      "each pack and finds {c} more {obj}. How many {obj} does {x} have?"),
+    functools.partial(_two_step, first="*", second="-", template="{x} has {a} boxes with {b} {obj} in each box. "
+                      "{x} gives {c} {obj} to {y}. How many {obj} does {x} have left?"),
+)
 
 
 def in_val_pool(question: str) -> bool:
@@ -110,10 +103,9 @@ def in_val_pool(question: str) -> bool:
 
 def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]], want_val: bool, seed: int,
                size: int, source: str, what: str, key: str) -> list[dict[str, str]]:
-    """`size` rows of one split of generator `source` from `draw(rng) -> (question, row, held_out)`:
-    training rows (held_out False) drawn with `seed`, repeats allowed; validation rows (held_out
-    True) drawn with VAL_SEED, each question once. Raises ValueError naming data.<source>.<key>
-    when MAX_MISSES draws in a row find none: the pool is exhausted."""
+    """`size` rows of one split from `draw(rng) -> (question, row, held_out)`: training rows drawn
+    with `seed`, repeats allowed; validation rows with VAL_SEED, each question once. ValueError
+    naming data.<source>.<key> after MAX_MISSES fruitless draws in a row."""
     rng = random.Random(VAL_SEED if want_val else seed)
     rows: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -134,8 +126,7 @@ def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]]
 
 
 def generate_problems(cfg: ArithmeticConfig, split: str) -> list[dict[str, str]]:
-    """Rows {"question", "answer"} of split "train" (`cfg.train_size` rows, seeded by `cfg.seed`,
-    repeats allowed) or "val" (`cfg.val_size` distinct rows, seeded by VAL_SEED)."""
+    """Rows {"question", "answer"} of split "train" or "val" (`draw_split`)."""
 
     def draw(rng: random.Random) -> tuple[str, dict[str, str], bool]:
         family = TWO_STEP if rng.random() < cfg.two_step_fraction else ONE_STEP

@@ -1,11 +1,5 @@
-"""Prompt datasets: a hub dataset, local jsonl/parquet files, or a built-in generator.
-
-`load_prompts` renders each question into the prompt format (`data.prompt_template` in the chat
-template, assistant turn opened), tokenizes it and keeps its ground truth (GSM8K's "#### N": N).
-Malformed rows (invalid JSON, a missing column, a question that is not a string, an answer
-without a value) are named by file and line: `data.bad_rows=error` stops at the first, `skip`
-counts them. Prompts over `data.max_prompt_length` tokens are dropped and counted.
-"""
+"""Prompt datasets (a hub dataset, local jsonl/parquet files, or a built-in generator) rendered,
+tokenized and filtered into `PromptRecord`s; malformed rows are named by file and line."""
 
 from __future__ import annotations
 
@@ -52,9 +46,7 @@ class RawRow:
 
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
-    """The prompts of `split` ("train" or "val") as the `data` group configures them; DataError
-    (one line) for a missing file, an unreachable dataset, a malformed row under
-    `data.bad_rows=error`, or a split left empty by the filters."""
+    """The prompts of `split` ("train" or "val"); DataError (one line) when they cannot be loaded."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
@@ -137,7 +129,7 @@ def read_hub(name: str, config: str | None, split: str) -> Iterator[RawRow]:
 
 
 def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
-    """(question, ground truth) of one row; raises ValueError saying what is wrong with it."""
+    """(question, ground truth) of one row; ValueError says what is wrong with it."""
     if not isinstance(row, dict):
         raise ValueError(f"expected an object with '{prompt_key}' and '{answer_key}', got {type(row).__name__}")
     for key in (prompt_key, answer_key):
@@ -156,8 +148,7 @@ def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
 
 def parse_rows(rows: Iterator[RawRow], keys: tuple[str, str],
                bad_rows: str) -> tuple[list[tuple[int, str, str]], list[str]]:
-    """([(row index, question, ground truth)], ["path:line: reason" of each malformed row skipped]);
-    bad_rows="error" raises DataError at the first malformed row instead."""
+    """([(row index, question, ground truth)], ["where: reason" of each malformed row skipped])."""
     examples: list[tuple[int, str, str]] = []
     skipped: list[str] = []
     for index, row in enumerate(rows):
@@ -209,9 +200,8 @@ def user_message(question: str, template: str, instruction: str) -> str:
 
 
 def format_prompt(message: str, tokenizer: Any, use_chat_template: bool, system_prompt: Optional[str] = None) -> str:
-    """The prompt text the model continues: the chat template with the generation prompt added
-    (after a system turn of `system_prompt` unless it is None: then the template's default), or
-    the bare message when `use_chat_template` is False."""
+    """The text the model continues: the chat template, assistant turn opened (a system turn of
+    `system_prompt` unless None: the template's default), or the bare message."""
     if not use_chat_template:
         return message
     system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]

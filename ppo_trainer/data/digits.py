@@ -1,16 +1,12 @@
 """Digit tasks for the tiny model (`data.source=digits`, reward `ppo_trainer.rewards.digits:score`):
-small proofs that PPO learns (docs/learning.md). A question is the whole prompt ("3+4=", "123=");
-with `data.prompt_template='{question}'` and no chat template, one token per character.
+small proofs that PPO learns (docs/learning.md). A question is the whole prompt ("3+4=", "123=").
 
 - `sum`: "a+b=" -> a + b for the 55 pairs with a + b <= 9; validation is the whole table. Training
   draws the sum uniformly, then the pair: with uniform pairs the answer 9 is ten times as frequent
-  as 0, and a policy that ignores the prompt (the random model's first ~20 steps) is pushed away
-  from the rare answers, which are then hardly ever sampled again.
-- `reverse`: "123=" -> "321". Training strings have `min_length`..`length` digits (length drawn
-  uniformly): a random policy echoes one digit with probability ~0.01 (three: ~1e-6), and the k-th
-  answer digit is always 2k-1 positions back, so the short strings teach the long ones. Validation
-  holds `val_size` distinct strings of `length` digits that training never shows (the arithmetic
-  generator's hash split): it measures the learned procedure, not memorised strings.
+  as 0, and a policy that ignores the prompt is pushed away from the rare answers for good.
+- `reverse`: "123=" -> "321". Training strings have `min_length`..`length` digits: a random policy
+  echoes one digit with probability ~0.01 (three: ~1e-6), and the short strings teach the long
+  ones. Validation holds distinct strings of `length` digits that training never shows.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ SUM_PAIRS = tuple((a, b) for a in range(10) for b in range(10) if a + b <= 9)
 
 
 def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
-    """Rows {"question", "answer"} of split "train" (`cfg.train_size` rows drawn with `cfg.seed`)
-    or "val" (drawn with the fixed VAL_SEED). Raises ValueError for an unknown `cfg.task`."""
+    """Rows {"question", "answer"} of split "train" or "val" of `cfg.task`."""
     want_val = split == "val"
     if cfg.task == "sum":
         if want_val:

@@ -10,10 +10,9 @@ from ppo_trainer.data.datasets import PromptRecord
 
 
 class PromptLoader:
-    """Yields one list of `batch_size` prompt records per PPO step, forever. Each epoch visits
-    every record once, in an order drawn from (seed, epoch) when `shuffle` is on, else in dataset
-    order; a batch that reaches the end of an epoch is completed from the next one. A loader
-    restored from `state_dict()` (epoch, position) yields exactly the batches the original would."""
+    """Yields `batch_size` records per PPO step, forever; each epoch visits every record once, in
+    an order drawn from (seed, epoch) when `shuffle`; a batch crossing an epoch's end continues
+    into the next. A loader restored from `state_dict()` yields what the original would."""
 
     def __init__(self, records: Sequence[PromptRecord], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if not records:

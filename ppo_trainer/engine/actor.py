@@ -23,21 +23,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 class ActorEngine(FSDPEngine):
-    """The trainable policy, sharded with FSDP2, plus the reference policy when asked for.
+    """The trainable policy on FSDP2, plus the reference policy with `use_reference` (with LoRA the
+    same module with the adapter disabled, otherwise a frozen copy of the initial weights).
 
-    Args:
-        cfg, model_dir: the `model` config and its resolved Hugging Face causal-LM folder.
-        algorithm: the `algorithm` config (loss terms, epochs, micro-batch token budget, shuffling).
-        mini_batch_size: sequences per optimizer step (`algorithm.ppo_mini_batch_size x sampler.n`).
-        temperature, top_k, top_p: the sampler's; logprobs are those of softmax(logits /
-            temperature) under the sampler's truncation, except the reference's, whose full
-            support keeps the KL to it finite.
-        use_reference: build the reference policy (`config.uses_reference`): with LoRA the same
-            module with the adapter disabled, otherwise a frozen copy of the initial weights.
-        device, total_steps: as for `FSDPEngine`; seed: seeds the mini-batch shuffling.
-
-    Every method is a collective call: all ranks call it. `update` takes the full batch on every
-    rank; the `compute_*` methods take each rank's own rows.
+    `mini_batch_size`: sequences per optimizer step. `temperature, top_k, top_p`: the sampler's;
+    logprobs are those of softmax(logits / temperature) under its truncation, except the
+    reference's, whose full support keeps the KL to it finite. Every method is a collective call.
     """
 
     def __init__(
@@ -71,8 +62,6 @@ class ActorEngine(FSDPEngine):
             )
             self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
 
-    # ----------------------------------------------------------------------------- scoring
-
     def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
         batch.require("response_mask", user="scoring")
         truncation = self.truncation if truncate else {}
@@ -104,8 +93,6 @@ class ActorEngine(FSDPEngine):
         with self.policy.adapter_disabled():
             return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
-    # ----------------------------------------------------------------------------- training
-
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
         logp, ent = self.module(
@@ -116,20 +103,13 @@ class ActorEngine(FSDPEngine):
                           micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO policy update on the full batch (identical on every rank; `FSDPEngine.train`).
-
-        Needs old_logprobs, advantages (ref_logprobs with use_kl_loss, rollout_weights with a
-        rollout correction). Returns the means over mini-batches of actor/pg_loss, pg_clipfrac,
-        ppo_kl, grad_norm, lr, update_entropy (entropy_coef > 0), kl_loss (use_kl_loss), and the
-        count actor/skipped_steps.
-        """
+        """PPO policy update on the full batch (`FSDPEngine.train`); the actor/* metrics of
+        `core.losses.actor_loss` plus grad_norm, lr and skipped_steps."""
         a = self.algorithm
         batch.require("response_mask", "old_logprobs", "advantages", *(["ref_logprobs"] if a.use_kl_loss else []),
                       *(["rollout_weights"] if a.rollout_correction != "none" else []), user="the actor update")
         stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, a, self.seed)
         return {f"actor/{k}": v for k, v in stats.items()}
-
-    # ----------------------------------------------------------------------------- export
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         """Full float32 state on rank 0 with the wrapper prefix removed ({} elsewhere)."""
@@ -145,11 +125,8 @@ class ActorEngine(FSDPEngine):
         return state
 
     def save_hf(self, folder: str | Path, merged_folder: Optional[str | Path] = None) -> None:
-        """Hugging Face export into `folder`: config, model.safetensors (compute dtype) and the
-        tokenizer files of the model folder; with LoRA the adapter (adapter_config.json,
-        adapter_model.safetensors) instead of the weights, and, when `merged_folder` is given,
-        the adapter merged into the base weights there: a plain model folder that transformers
-        and vLLM load directly."""
+        """Hugging Face export into `folder` (weights in the compute dtype, tokenizer files); with
+        LoRA the adapter instead, and the merged weights as a plain model folder in `merged_folder`."""
         folder = Path(folder)
         state = self._gathered()
         if self.rank == 0:

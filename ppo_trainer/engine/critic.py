@@ -17,18 +17,8 @@ from ppo_trainer.models.critic import ValueModel
 
 
 class CriticEngine(FSDPEngine):
-    """The trainable value model (full-parameter; LoRA is rejected), sharded with FSDP2.
-
-    Args:
-        cfg: the `critic` config (its optimizer settings are AdamW's, default betas and eps).
-        model_dir: the resolved `critic.path` (default: the actor's model folder), or a folder
-            written by `save_hf` / `ValueModel.save_pretrained`.
-        algorithm, mini_batch_size, device, total_steps, seed: as for `ActorEngine`.
-        attn_implementation, trust_remote_code: passed to transformers when loading.
-
-    Every method is a collective call. `update` takes the full batch on every rank;
-    `compute_values` takes each rank's own rows.
-    """
+    """The trainable value model on FSDP2 (full-parameter; LoRA is rejected). `model_dir`: the
+    resolved `critic.path`, or a folder written by `save_hf`. Every method is a collective call."""
 
     def __init__(
         self, cfg: CriticConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
@@ -68,11 +58,8 @@ class CriticEngine(FSDPEngine):
                            self.algorithm.loss_agg_mode, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """Clipped value-loss update on the full batch (identical on every rank; `FSDPEngine.train`).
-
-        Needs values (the rollout-time V, for clipping) and returns. Returns the means over
-        mini-batches of critic/vf_loss, vf_clipfrac, grad_norm, lr, and critic/skipped_steps.
-        """
+        """Clipped value-loss update on the full batch (`FSDPEngine.train`); `values` are the
+        rollout-time V the clip refers to."""
         batch.require("response_mask", "values", "returns", user="the critic update")
         stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, self.algorithm, self.seed)
         return {f"critic/{k}": v for k, v in stats.items()}

@@ -1,11 +1,8 @@
 """Process group, device mesh and the few collectives the engine needs.
 
-One code path for one device and for N: without torch.distributed's environment (a plain
-`python` process) a 1-rank group is created in memory (a `HashStore`, no port), so FSDP2, DCP and
-the collectives run unchanged; under torchrun or Ray (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-set) the group spans all ranks. Backends: gloo on CPU, "cpu:gloo,cuda:nccl" on CUDA and
-"cpu:gloo,npu:hccl" on Ascend, so that the bookkeeping collectives here (CPU tensors) and FSDP's
-(device tensors, or CPU tensors with offload) each find one.
+One code path for 1 device and N: without RANK/WORLD_SIZE a 1-rank group lives in memory (a
+`HashStore`, no port). Accelerators get "cpu:gloo,<device>:<nccl|hccl>", so the bookkeeping
+collectives here (CPU tensors) and FSDP's (device tensors) each find a backend.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ _MESHES: dict[str, DeviceMesh] = {}
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """The device this rank computes on, made the current one of its type (nccl/hccl need it).
-    An accelerator without an index: the only visible one (Ray and similar launchers expose one
-    device per process), else LOCAL_RANK's (torchrun)."""
+    """The device this rank computes on, made current (nccl/hccl need it); without an index the
+    only visible one (Ray), else LOCAL_RANK's (torchrun)."""
     device = torch.device(device)
     if device.type not in _BACKENDS:
         raise ValueError(f"unsupported device {device}; expected cpu, cuda or npu")

@@ -1,13 +1,6 @@
-"""FSDP2 wrapping and the shared training machinery of the actor and the critic.
-
-`shard_model` applies `fully_shard` to every decoder layer and then to the root module over the
-1-D data-parallel mesh, with mixed precision (parameters gathered in the compute dtype, gradients
-reduced in float32, float32 master weights and optimizer state) and optional CPU offload.
-
-`FSDPEngine` owns one sharded module and, when trainable, its AdamW and LR schedule; `ActorEngine`
-and `CriticEngine` extend it. Data layout across ranks: `train` takes the same full batch on every
-rank, and each rank takes its share of each mini-batch (`Batch.deal`), so N ranks do exactly what
-one rank does with the whole mini-batch; `forward_rows` takes each rank's own rows.
+"""FSDP2 wrapping (`shard_model`) and `FSDPEngine`, the training machinery that the actor and the
+critic share. `train` takes the same full batch on every rank and each rank its share of each
+mini-batch (`Batch.deal`), so N ranks do what one does; `forward_rows` takes each rank's own rows.
 """
 
 from __future__ import annotations
@@ -67,18 +60,10 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 class FSDPEngine:
-    """One FSDP2-sharded module; trainable when given an `OptimConfig` (None: frozen).
-
-    Args:
-        module, layers: the root module (float32 parameters, on CPU; sharded in place) and its
-            repeated blocks (each gathered only while it computes).
-        device: where this rank computes ("cpu", "cuda", "cuda:1", "npu").
-        dtype: compute dtype name, or "auto" (bf16 where `device` computes it natively); the
-            resolved name is `self.dtype`.
-        cpu_offload: keep parameters, gradients and optimizer state in host memory.
-        total_steps: optimizer steps over the run (needed by the cosine schedule only).
-        fp32_modules: submodules that compute in float32 whatever `dtype` is.
-    """
+    """One FSDP2-sharded module (float32 parameters on CPU, sharded in place; `layers` are its
+    repeated blocks); trainable when given an `OptimConfig` (None: frozen). `dtype`: a compute
+    dtype name or "auto" (resolved into `self.dtype`); `total_steps`: optimizer steps over the run
+    (the cosine schedule needs it); `fp32_modules` compute in float32 whatever `dtype` is."""
 
     def __init__(
         self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
@@ -96,16 +81,12 @@ class FSDPEngine:
         self.updates = 0  # calls of `train`, part of the resume state (it seeds the shuffling)
         self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
-    # ----------------------------------------------------------------------------- inference
-
     @torch.no_grad()
     def forward_rows(
         self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]
     ) -> list[torch.Tensor]:
-        """Run `fn(micro_batch_on_device)` over this rank's rows, in micro-batches of `budget`
-        tokens, in eval mode; reassemble each returned [b, t] tensor into a CPU [B, T] float32
-        tensor (0 beyond a micro-batch's trimmed width). A collective call: every rank calls it.
-        """
+        """`fn(micro_batch_on_device)` over this rank's rows in eval mode, each returned [b, t]
+        reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width)."""
         was_training = self.module.training
         self.module.eval()
         outputs: list[torch.Tensor] = []
@@ -123,17 +104,11 @@ class FSDPEngine:
             self.module.train(was_training)
         return outputs
 
-    # ----------------------------------------------------------------------------- training
-
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
-        """PPO update: algorithm.ppo_epochs passes over `batch` (the full batch, identical on every
-        rank) in mini-batches of `mini_batch_size` sequences, one optimizer step each, micro-batched
-        by algorithm.ppo_micro_batch_tokens.
-
-        With algorithm.shuffle_mini_batches the order comes from a generator seeded by (seed,
-        number of previous `train` calls, epoch): the same on every rank and after a resume.
-        Returns `summarize_steps` of the statistics `loss_fn` reports plus grad_norm and lr.
-        """
+        """PPO update: algorithm.ppo_epochs passes over the full `batch` in mini-batches of
+        `mini_batch_size` sequences, one optimizer step each. The shuffling is seeded by (seed,
+        previous `train` calls, epoch): the same on every rank and after a resume. Returns
+        `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()
@@ -153,8 +128,7 @@ class FSDPEngine:
         return summarize_steps(history)
 
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
-        """Accumulate the gradient of one mini-batch (the same on every rank) into `.grad`;
-        returns the mini-batch statistics (summed over micro-batches and ranks)."""
+        """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share."""
         if len(mini_batch) < self.world_size:
             raise ValueError(
                 f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} data-parallel ranks; "
@@ -180,16 +154,12 @@ class FSDPEngine:
         self.scheduler.step()
         return {"grad_norm": norm, "lr": float(lr), "skipped_steps": 0.0 if finite else 1.0}
 
-    # ----------------------------------------------------------------------------- state
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """All parameters and buffers, unsharded, float32, on CPU, keyed as in `module.state_dict()`:
-        on rank 0; `{}` on the other ranks. A collective call: every rank calls it."""
+        """All parameters and buffers, unsharded, float32, on CPU, on rank 0 (`{}` elsewhere)."""
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def _resume_state(self, with_optim: bool) -> dict[str, Any]:
-        """The trainable float32 weights (and AdamW's state) as DCP state dicts; frozen weights are
-        left out: they reload from the model folder."""
+        """Trainable weights (and AdamW's state) as DCP state dicts; frozen ones reload from the model."""
         options = StateDictOptions(ignore_frozen_params=True)
         if not with_optim:
             return {"model": get_model_state_dict(self.module, options=options)}
@@ -197,8 +167,7 @@ class FSDPEngine:
         return {"model": model_state, "optim": optim_state}
 
     def save_state(self, folder: str | Path) -> None:
-        """Exact-resume state into `folder` (one folder per engine): DCP shards of `_resume_state`
-        and engine_state.json (LR schedule, update counter)."""
+        """Exact-resume state: DCP shards of `_resume_state` and engine_state.json (schedule, updates)."""
         if self.optimizer is None:
             raise RuntimeError("a frozen engine has no training state to save")
         folder = Path(folder)

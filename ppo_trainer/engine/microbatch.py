@@ -1,19 +1,10 @@
-"""Mini-batch -> ranks -> micro-batches, and gradient accumulation that equals one big batch.
+"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`, rows x trimmed width),
+and gradient accumulation that equals one big batch.
 
-Token budget: a micro-batch's cost is what its forward computes, rows x width after
-`Batch.trim_padding` (max prompt length + max response length of its rows). Rows are packed
-greedily, longest first, while rows x width <= `algorithm.ppo_micro_batch_tokens`; a row longer
-than the budget gets a micro-batch of its own.
-
-Loss normalisation: every micro-batch loss is aggregated with the token (or sequence) count of
-the whole mini-batch over all data-parallel ranks (`GlobalCounts`), so the micro-batch losses sum
-to the full mini-batch's loss. FSDP2 averages gradients over the ranks (reduce-scatter divides by
-the world size), so the loss is multiplied by the world size before `backward`, turning that
-average into the sum. Gradients are synchronised only on the last micro-batch.
-
-FSDP's collectives require every rank to run the same number of forwards: `plan_micro_batches`
-agrees on the largest count over ranks, splits further where it can, and pads with dummy
-micro-batches (a real row whose loss is multiplied by 0) where a rank has too few rows.
+Each micro-batch loss is aggregated with the whole mini-batch's counts over all ranks
+(`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2 averages gradients over ranks,
+so the loss is multiplied by the world size before `backward`. FSDP's collectives need the same
+number of forwards on every rank: short ranks pad with dummy micro-batches (loss x 0).
 """
 
 from __future__ import annotations
@@ -30,11 +21,8 @@ from ppo_trainer.engine.distributed import all_reduce_max, all_reduce_sum, world
 
 @dataclass
 class MicroBatch:
-    """Rows of a (local) mini-batch, trimmed of shared padding.
-
-    `rows` [b] indexes the batch the micro-batch was cut from; `dummy` marks a stand-in that only
-    keeps this rank in step with the others (its loss is weighted 0, its outputs are discarded).
-    """
+    """Rows `rows` [b] of a local mini-batch, trimmed of shared padding; `dummy`: a stand-in that
+    keeps this rank in step with the others (loss weighted 0, outputs discarded)."""
 
     batch: Batch
     rows: torch.Tensor
@@ -73,11 +61,8 @@ def split_by_token_budget(batch: Batch, budget: int) -> list[torch.Tensor]:
 
 
 def plan_micro_batches(batch: Batch, budget: int) -> list[MicroBatch]:
-    """Micro-batches of this rank's rows; the same number on every rank (a collective call).
-
-    Groups from `split_by_token_budget` are halved (largest cost first) until this rank has as
-    many as the rank that needs the most; a rank with fewer rows than that pads with dummies.
-    """
+    """Micro-batches of this rank's rows, as many as the rank that needs the most (a collective
+    call): the costliest groups are halved, and a rank with too few rows pads with dummies."""
     if len(batch) == 0:
         raise ValueError("a rank received no rows; every data-parallel rank needs at least one sequence")
     groups = split_by_token_budget(batch, budget)
@@ -111,12 +96,10 @@ def global_counts(batch: Batch) -> GlobalCounts:
 def accumulate_gradients(
     model: FSDPModule, micro_batches: list[MicroBatch], loss_fn: LossFn, counts: GlobalCounts
 ) -> dict[str, float]:
-    """Forward and backward every micro-batch; gradients hold the full mini-batch's afterwards.
+    """Forward and backward every micro-batch, so `.grad` holds the full mini-batch's gradient.
 
-    `loss_fn(micro_batch, counts)` returns the micro-batch's share of the mini-batch loss
-    (aggregated with `counts`) and a dict of detached scalar shares of logged statistics, each
-    normalised so that its sum over micro-batches and ranks is the mini-batch value. Returns those
-    sums (over micro-batches and ranks). Dummy micro-batches contribute nothing.
+    `loss_fn(micro_batch, counts)` returns its share of the mini-batch loss and detached shares of
+    logged statistics; returns those shares summed over micro-batches and ranks (dummies excluded).
     """
     scale = float(world_size())
     totals: dict[str, torch.Tensor] = {}

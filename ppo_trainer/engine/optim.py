@@ -11,12 +11,8 @@ from ppo_trainer.config import OptimConfig
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters of `module` (after sharding: DTensor shards).
-
-    Weight decay applies to matrices only, not to norms, biases and other 1-D parameters. The
-    fused kernel runs on CPU and CUDA (where fused AdamW is known to work with FSDP2's DTensor
-    parameters); elsewhere the default (foreach) implementation.
-    """
+    """AdamW over the trainable (sharded) parameters of `module`; weight decay on matrices only.
+    Fused on CPU and CUDA (known to work with FSDP2's DTensors), elsewhere the default."""
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters (all requires_grad=False)")
@@ -34,12 +30,8 @@ def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -
 
 
 def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | None, min_lr_ratio: float) -> float:
-    """Multiplier of the base learning rate for the optimizer step with 0-based index `step`.
-
-    Warm-up: (step + 1) / warmup_steps for the first `warmup_steps` steps, so the first step
-    already moves. Then 1 (constant), or a cosine from 1 down to `min_lr_ratio` at `total_steps`
-    (held there afterwards).
-    """
+    """Base-LR multiplier of 0-based optimizer step `step`: warm-up (step + 1) / warmup_steps (the
+    first step already moves), then 1, or a cosine down to `min_lr_ratio` at `total_steps`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -51,8 +43,7 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | No
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int | None
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR applying `lr_factor`; call `.step()` once after each optimizer step.
-    `total_steps` (optimizer steps over the run) is needed by the cosine schedule only."""
+    """A LambdaLR of `lr_factor`, stepped after each optimizer step."""
     if cfg.schedule not in ("constant", "cosine"):
         raise ValueError(f"unknown learning-rate schedule {cfg.schedule!r}; expected constant or cosine")
     if cfg.schedule == "cosine" and total_steps is None:

@@ -18,10 +18,8 @@ class RewardError(RuntimeError):
 
 
 def load_reward_fn(cfg: RewardConfig) -> RewardFn:
-    """`cfg.fn` ("module:function") imported, as `fn(response, ground_truth) -> float`; ConfigError
-    naming `reward.fn` if the module or function does not exist. The built-in
-    `ppo_trainer.rewards.math:score` gets `cfg.mode`, `cfg.format_score` and `cfg.correct_score`
-    bound; a user function gets (response, ground_truth) only."""
+    """`cfg.fn` ("module:function") as `fn(response, ground_truth) -> float`; the built-in
+    `rewards.math:score` gets `cfg.mode`, `format_score` and `correct_score` bound."""
     module_name, sep, fn_name = cfg.fn.partition(":")
     if not sep or not module_name or not fn_name:
         raise ConfigError(f"'reward.fn' is {cfg.fn!r}; expected 'module:function', e.g. ppo_trainer.rewards.math:score")
@@ -40,9 +38,8 @@ def load_reward_fn(cfg: RewardConfig) -> RewardFn:
 
 def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str],
               on_error: str = "raise") -> tuple[list[float], int]:
-    """Scores [B] of `responses` against `ground_truths`, and the number of failed calls. on_error
-    "raise" re-raises the first failure (an exception or a non-finite/non-number result) naming
-    the row; "zero" scores that row 0.0 and counts it."""
+    """Scores [B] and the number of failed calls (an exception or a non-finite result): on_error
+    "raise" re-raises the first naming the row, "zero" scores it 0.0."""
     if len(responses) != len(ground_truths):
         raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
     scores, errors = [], 0

@@ -1,9 +1,7 @@
 """Rule-based scoring of math answers: strict ("#### N") and flexible (the last number in the text).
 
-A number is an optional minus sign, an optional "$", digits (commas only as thousands separators:
-"1,2,3" is three numbers) and an optional decimal part: "-$1,250.50" reads as "-1250.50". A minus
-right after a letter, digit or closing bracket is a subtraction ("5-3"). Answers compare as
-decimal numbers: "3.0" equals "3".
+A number: an optional minus sign and "$", digits (commas only as thousands separators) and an
+optional decimal part: "-$1,250.50" reads as "-1250.50"; "5-3" is a subtraction, not -3.
 """
 
 from __future__ import annotations
@@ -58,9 +56,8 @@ def answers_equal(answer: str, ground_truth: str) -> bool:
 
 def score(response: str, ground_truth: str, *, mode: str = "strict", format_score: float = 0.0,
           correct_score: float = 1.0) -> float:
-    """Reward of one response: `correct_score` if its answer (mode "strict": the number after the
-    last "####"; "flexible": the last number in the text) equals `ground_truth`, `format_score` if
-    it differs, 0.0 if there is none."""
+    """`correct_score` if the answer of `mode` (`EXTRACTORS`) equals `ground_truth`, `format_score`
+    if it differs, 0.0 if there is none."""
     if mode not in EXTRACTORS:
         raise ValueError(f"reward mode {mode!r} is unknown; use 'strict' or 'flexible'")
     answer = EXTRACTORS[mode](response)

@@ -15,7 +15,9 @@ def test_policy_loss_with_ratio_one_is_the_unclipped_surrogate():
     logprobs = old.clone().requires_grad_(True)
     out = policy_loss(logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.2)
     assert out.loss.item() == pytest.approx(-(1.0 - 2.0 + 0.5 + 3.0) / 4)
-    assert out.clipfrac.item() == 0.0 and out.approx_kl.item() == 0.0 and out.dual_clipfrac.item() == 0.0
+    assert out.clipfrac.item() == 0.0 and out.approx_kl.item() == 0.0
+    dual = policy_loss(logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+    assert dual.loss.item() == out.loss.item()  # at ratio 1 the dual clip is never active
     out.loss.backward()
     # d/dlogp of -A * exp(logp - old) at ratio 1 is -A, over 4 valid tokens.
     torch.testing.assert_close(logprobs.grad, -advantages * mask / 4)
@@ -51,7 +53,9 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages_at_c_times_minus_a():
     assert plain.loss.item() == pytest.approx(math.exp(2.0) - 1.2)
     dual = policy_loss(logprobs, old, advantages, mask, 0.2, 0.2, dual_clip=3.0, agg="seq-mean-token-sum")
     assert dual.loss.item() == pytest.approx(3.0 - 1.2)
-    assert dual.dual_clipfrac.item() == 0.5
+    # the dual clip is active on the A < 0 token only: alone, its loss is exactly c * -A
+    alone = policy_loss(logprobs[:, :1], old[:, :1], advantages[:, :1], mask[:, :1], 0.2, 0.2, dual_clip=3.0)
+    assert alone.loss.item() == pytest.approx(3.0)
     assert dual.clipfrac.item() == 0.5
 
 
