@@ -1,7 +1,6 @@
 """FSDP2 wrapping (`shard_model`) and `FSDPEngine`, the training machinery that the actor and the
 critic share. `train` takes the same full batch on every rank and each rank its share of each
-mini-batch (`Batch.deal`), so N ranks do what one does; `forward_rows` takes each rank's own rows.
-"""
+mini-batch (`Batch.deal`), so N ranks do what one does; `forward_rows` takes each rank's own rows."""
 
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 ENGINE_STATE = "engine_state.json"
 
 
-def shard_model(
-    module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype, cpu_offload: bool = False,
-    fp32_modules: Sequence[nn.Module] = (),
-) -> FSDPModule:
+def shard_model(module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype,
+                cpu_offload: bool = False, fp32_modules: Sequence[nn.Module] = ()) -> FSDPModule:
     """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value
     head), then the root `module` (float32 parameters: the master copy); returns the root, now an
     FSDPModule. Compute runs in `dtype`, gradient reduction in float32."""
@@ -65,11 +62,9 @@ class FSDPEngine:
     dtype name or "auto" (resolved into `self.dtype`); `total_steps`: optimizer steps over the run
     (the cosine schedule needs it); `fp32_modules` compute in float32 whatever `dtype` is."""
 
-    def __init__(
-        self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
-        cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
-        fp32_modules: Sequence[nn.Module] = (),
-    ) -> None:
+    def __init__(self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
+                 cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
+                 fp32_modules: Sequence[nn.Module] = ()) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device.type)
         if optim is None:
@@ -82,9 +77,8 @@ class FSDPEngine:
         self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
     @torch.no_grad()
-    def forward_rows(
-        self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]
-    ) -> list[torch.Tensor]:
+    def forward_rows(self, batch: Batch, budget: int,
+                     fn: Callable[[Batch], Sequence[torch.Tensor]]) -> list[torch.Tensor]:
         """`fn(micro_batch_on_device)` over this rank's rows in eval mode, each returned [b, t]
         reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width)."""
         was_training = self.module.training
@@ -130,10 +124,9 @@ class FSDPEngine:
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
         """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share."""
         if len(mini_batch) < self.world_size:
-            raise ValueError(
-                f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} data-parallel ranks; "
-                "every rank needs at least one (raise algorithm.ppo_mini_batch_size or use fewer devices)"
-            )
+            raise ValueError(f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} "
+                             "data-parallel ranks; every rank needs at least one (raise "
+                             "algorithm.ppo_mini_batch_size or use fewer devices)")
         local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy) for m in plan_micro_batches(local, budget)]

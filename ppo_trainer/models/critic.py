@@ -3,10 +3,9 @@
 values[:, t] = V(s_t), the value of the state *before* response token t, read from the hidden
 state at P+t-1 (as the policy's logits; at P+t the critic would see the action it evaluates).
 
-Folder format: a Hugging Face token-classification model with one label, as verl saves its
-critic (head as `score.weight` [1, H] / `score.bias` [1]); a model type without such a class: a
-backbone folder plus `value_head.safetensors` and `value_head.json`. `from_pretrained` reads
-both, or any causal-LM / base-model folder (with a fresh head).
+Folder format: a Hugging Face token-classification model with one label, as verl saves its critic
+(head as `score.weight` [1, H] / `score.bias` [1]); for a model type without such a class, a
+backbone folder plus `value_head.safetensors` and `value_head.json`.
 
 The head starts at zeros: the first values are exactly 0 rather than seed-dependent noise; it
 still learns from step one (gradient dL/dV * hidden), the backbone once the head is non-zero.
@@ -24,7 +23,6 @@ from torch import nn
 
 VALUE_HEAD_WEIGHTS = "value_head.safetensors"
 VALUE_HEAD_CONFIG = "value_head.json"
-FORMAT = "ppo_trainer.value_model/1"
 
 
 class ValueModel(nn.Module):
@@ -43,18 +41,16 @@ class ValueModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
                         gradient_checkpointing: bool = False) -> "ValueModel":
-        """A saved value model, or a backbone (e.g. the actor's causal LM) with a zero head, in
-        float32 (the master copy; FSDP casts for compute)."""
+        """A saved value model (either format), or any causal-LM / base-model folder with a zero head,
+        in float32 (the master copy; FSDP casts for compute)."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoModelForTokenClassification
 
         path = Path(path)
         if (path / "adapter_config.json").is_file():
-            raise ValueError(
-                f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
-                "full-parameter and LoRA is not supported for it: point critic.path at a full model "
-                "(merge the adapter into its base model first)"
-            )
+            raise ValueError(f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
+                             "full-parameter and LoRA is not supported for it: point critic.path at a full model "
+                             "(merge the adapter into its base model first)")
         kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
         head = None
         config = path / "config.json"
@@ -71,7 +67,7 @@ class ValueModel(nn.Module):
         if gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model = cls(backbone, head)
-        if (path / VALUE_HEAD_CONFIG).is_file():  # the older format
+        if (path / VALUE_HEAD_CONFIG).is_file():
             weights = load_file(path / VALUE_HEAD_WEIGHTS)
             model.value_head.load_state_dict({k: v.float() for k, v in weights.items()})
         return model
@@ -86,9 +82,8 @@ class ValueModel(nn.Module):
         T = response_length >= 1, P >= 1. Padding positions are not masked (mask downstream)."""
         T = response_length
         P = input_ids.shape[1] - T
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
         before_token = hidden[:, P - 1 : P + T - 1]  # [B, T, H]: the state before token t
         flat = before_token.reshape(-1, hidden.shape[-1]).to(self.value_head.weight.dtype)
         # a fresh tensor, not a view: FSDP hooks the outputs of its modules for backward
@@ -118,7 +113,7 @@ class ValueModel(nn.Module):
             return
         save_hf_weights(folder, self.backbone.config, backbone, dtype)
         save_file(head, folder / VALUE_HEAD_WEIGHTS)
-        info = {"format": FORMAT, "hidden_size": int(head["weight"].shape[1]), "init": "zeros"}
+        info = {"format": "ppo_trainer.value_model/1", "hidden_size": int(head["weight"].shape[1]), "init": "zeros"}
         (folder / VALUE_HEAD_CONFIG).write_text(json.dumps(info, indent=2) + "\n")
 
 
