@@ -68,8 +68,7 @@ def response_logprobs(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Te
 
     A label always counts as kept (it was sampled): where the trainer's logits put it just outside
     (rounding between engines, a policy that moved) its logprob stays finite. Works in chunks of
-    `chunk_tokens` rows, each checkpointed under autograd: at most one [chunk, V] block of logits.
-    """
+    `chunk_tokens` rows, each checkpointed under autograd: at most one [chunk, V] block of logits."""
     truncated = top_k > 0 or top_p < 1.0
 
     def chunk_fn(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,15 +88,13 @@ def response_logprobs(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Te
         return logp, ent
 
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
-    logps, ents = [], []
+    empty = hidden.new_zeros(0, dtype=torch.float32)  # torch.cat needs one tensor when N = 0
+    logps, ents = [empty], [empty]
     for start in range(0, hidden.shape[0], chunk_tokens):
         h, y = hidden[start : start + chunk_tokens], labels[start : start + chunk_tokens]
         logp, ent = checkpoint(chunk_fn, h, y, use_reentrant=False) if grad else chunk_fn(h, y)
         logps.append(logp)
         ents.append(ent)
-    if not logps:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 

@@ -25,10 +25,9 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 class HFSampler:
-    """Batched `model.generate`, stopping each sequence at EOS or a stop string; `batch_size` rows
-    (of prompts x n) per call bound the KV cache and the scores. Sampling logprobs are the
-    log-softmax of the scores after temperature, top-k, top-p (as the actor recomputes them);
-    the model's generation_config.json is not applied."""
+    """Batched `model.generate`; `batch_size` rows (of prompts x n) per call bound the KV cache and the
+    scores. Sampling logprobs: the log-softmax of the scores after temperature, top-k, top-p (as the
+    actor recomputes them); the model's generation_config.json is not applied."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: SamplerConfig, *, batch_size: int = 64) -> None:
         if batch_size < 1:
@@ -47,9 +46,8 @@ class HFSampler:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=compute_dtype(dtype, torch.device(device).type), trust_remote_code=trust_remote_code
-        ).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype(dtype, torch.device(device).type),
+                                                     trust_remote_code=trust_remote_code).to(device)
         return cls(model, tokenizer, cfg, batch_size=batch_size)
 
     def sleep(self) -> None:
@@ -102,13 +100,12 @@ class HFSampler:
         c = self.cfg
         sampling = (dict(do_sample=False) if greedy
                     else dict(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
-        gen_cfg = GenerationConfig(
-            **sampling, max_new_tokens=max_new_tokens,
-            # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
-            # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
-            min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-            stop_strings=list(c.stop) or None, return_dict_in_generate=True, output_scores=True,
-        )
+        # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops early
+        # otherwise); vLLM instead samples past EOS. Both give full-length rows.
+        gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens,
+                                   min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids,
+                                   pad_token_id=self.pad_id, stop_strings=list(c.stop) or None,
+                                   return_dict_in_generate=True, output_scores=True)
         # generate fills the fields gen_cfg leaves unset from the model's generation_config.json
         # (min_p, repetition_penalty, ...), changing the sampled policy: hide it meanwhile
         own, self.model.generation_config = self.model.generation_config, GenerationConfig()
