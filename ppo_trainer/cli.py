@@ -155,7 +155,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
 
 
 def eval_main(argv: Optional[list[str]] = None) -> None:
-    """Entry point of `ppo-eval`: greedy accuracy of a model on a dataset split."""
     argv = sys.argv[1:] if argv is None else argv
     _quiet_third_party_logs()
     parser = argparse.ArgumentParser(

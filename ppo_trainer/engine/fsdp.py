@@ -28,9 +28,8 @@ ENGINE_STATE = "engine_state.json"
 
 def shard_model(module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype,
                 cpu_offload: bool = False, fp32_modules: Sequence[nn.Module] = ()) -> FSDPModule:
-    """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value
-    head), then the root `module` (float32 parameters: the master copy); returns the root, now an
-    FSDPModule. Compute runs in `dtype`, gradient reduction in float32."""
+    """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value head), then
+    the root `module` (float32 master parameters), which it returns. Compute in `dtype`, reduction in float32."""
     mesh = device_mesh(device)
     offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if cpu_offload else None
     mixed = MixedPrecisionPolicy(param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32)
@@ -45,9 +44,8 @@ def shard_model(module: nn.Module, layers: Sequence[nn.Module], device: torch.de
 
 
 def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
-    """One update's statistics from its optimizer steps: `skipped_steps` (non-finite gradient
-    norm, parameters left unchanged) is a count; every other key is the mean over the steps that
-    were taken (NaN when all were skipped, so a broken update stays visible)."""
+    """One update's statistics from its optimizer steps: the count of `skipped_steps` (non-finite gradient
+    norm), and the mean of every other key over the steps taken (NaN when all were skipped: stays visible)."""
     taken = [h for h in history if not h["skipped_steps"]]
     out = {"skipped_steps": sum(h["skipped_steps"] for h in history)}
     for key in history[0]:
@@ -57,10 +55,9 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 class FSDPEngine:
-    """One FSDP2-sharded module (float32 parameters on CPU, sharded in place; `layers` are its
-    repeated blocks); trainable when given an `OptimConfig` (None: frozen). `dtype`: a compute
-    dtype name or "auto" (resolved into `self.dtype`); `total_steps`: optimizer steps over the run
-    (the cosine schedule needs it); `fp32_modules` compute in float32 whatever `dtype` is."""
+    """One FSDP2-sharded module (float32 parameters, sharded in place; `layers`: its repeated blocks),
+    frozen unless given an `OptimConfig`. `dtype`: a compute dtype name or "auto" (resolved into
+    `self.dtype`); `total_steps`: optimizer steps over the run (for the schedule)."""
 
     def __init__(self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
                  cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
@@ -99,10 +96,9 @@ class FSDPEngine:
         return outputs
 
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
-        """PPO update: algorithm.ppo_epochs passes over the full `batch` in mini-batches of
-        `mini_batch_size` sequences, one optimizer step each. The shuffling is seeded by (seed,
-        previous `train` calls, epoch): the same on every rank and after a resume. Returns
-        `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
+        """algorithm.ppo_epochs passes over `batch` in mini-batches of `mini_batch_size` sequences, one
+        optimizer step each, shuffled by (seed, previous `train` calls, epoch): the same on every rank and
+        after a resume. Returns `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()

@@ -1,10 +1,8 @@
-"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`, rows x trimmed width),
-and gradient accumulation that equals one big batch.
-
-Each micro-batch loss is aggregated with the whole mini-batch's counts over all ranks
-(`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2 averages gradients over ranks,
-so the loss is multiplied by the world size before `backward`. FSDP's collectives need the same
-number of forwards on every rank: short ranks pad with dummy micro-batches (loss x 0)."""
+"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`, rows x trimmed width), and
+gradient accumulation that equals one big batch: each micro-batch loss is aggregated with the whole
+mini-batch's counts over all ranks (`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2
+averages gradients over ranks, so the loss is multiplied by the world size before `backward`. FSDP's
+collectives need the same number of forwards on every rank: short ranks pad with dummies (loss x 0)."""
 
 from __future__ import annotations
 
