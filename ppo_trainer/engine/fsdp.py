@@ -47,11 +47,8 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
     """One update's statistics from its optimizer steps: the count of `skipped_steps` (non-finite gradient
     norm), and the mean of every other key over the steps taken (NaN when all were skipped: stays visible)."""
     taken = [h for h in history if not h["skipped_steps"]]
-    out = {"skipped_steps": sum(h["skipped_steps"] for h in history)}
-    for key in history[0]:
-        if key != "skipped_steps":
-            out[key] = sum(h[key] for h in taken) / len(taken) if taken else float("nan")
-    return out
+    means = {key: sum(h[key] for h in taken) / len(taken) if taken else float("nan") for key in history[0]}
+    return {**means, "skipped_steps": sum(h["skipped_steps"] for h in history)}
 
 
 class FSDPEngine:

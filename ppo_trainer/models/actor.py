@@ -151,11 +151,9 @@ def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:
     """(scaling = alpha / r, fan_in_fan_out) per adapted module, keyed by its name in `policy.lm`."""
     from peft.tuners.lora import LoraLayer
 
-    scalings = {}
-    for name, module in policy.lm.named_modules():
-        if isinstance(module, LoraLayer) and "default" in module.scaling:
-            scalings[name] = (float(module.scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
-    return scalings
+    return {name: (float(module.scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
+            for name, module in policy.lm.named_modules()
+            if isinstance(module, LoraLayer) and "default" in module.scaling}
 
 
 def merge_lora_state_dict(state: dict[str, torch.Tensor],

@@ -107,9 +107,8 @@ class ValueModel(nn.Module):
             config = copy.deepcopy(self.backbone.config)
             config.architectures = [classifier.__name__]
             config.num_labels = 1
-            prefix = classifier.base_model_prefix
-            save_hf_weights(folder, config, {f"{prefix}.{k}": v for k, v in backbone.items()}, dtype,
-                            keep_dtype={f"score.{k}": v for k, v in head.items()})
+            save_hf_weights(folder, config, {f"{classifier.base_model_prefix}.{k}": v for k, v in backbone.items()},
+                            dtype, keep_dtype={f"score.{k}": v for k, v in head.items()})
             return
         save_hf_weights(folder, self.backbone.config, backbone, dtype)
         save_file(head, folder / VALUE_HEAD_WEIGHTS)
