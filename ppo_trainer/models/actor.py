@@ -57,14 +57,9 @@ def top_k_top_p_keep(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -
 def response_logprobs(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, temperature: float,
                       chunk_tokens: int, with_entropy: bool = False, top_k: int = 0,
                       top_p: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-probabilities (and entropies) of `labels` under softmax(lm_head(hidden) / temperature),
-    truncated to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing).
-
-    =========  =========  ======================================================
-    hidden     [N, H]     hidden states of the positions that predict `labels`
-    labels     [N]        token ids
-    return     [N], [N]   float32 logprobs, and entropies (None unless asked)
-    =========  =========  ======================================================
+    """float32 logprobs [N] (and entropies [N], None unless asked) of the token ids `labels` [N] under
+    softmax(lm_head(hidden) / temperature), `hidden` [N, H] being the states that predict them, truncated
+    to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing).
 
     A label always counts as kept (it was sampled): where the trainer's logits put it just outside
     (rounding between engines, a policy that moved) its logprob stays finite. Works in chunks of

@@ -5,11 +5,9 @@ state at P+t-1 (as the policy's logits; at P+t the critic would see the action i
 
 Folder format: a Hugging Face token-classification model with one label, as verl saves its critic
 (head as `score.weight` [1, H] / `score.bias` [1]); for a model type without such a class, a
-backbone folder plus `value_head.safetensors` and `value_head.json`.
-
-The head starts at zeros: the first values are exactly 0 rather than seed-dependent noise; it
-still learns from step one (gradient dL/dV * hidden), the backbone once the head is non-zero.
-"""
+backbone folder plus `value_head.safetensors` and `value_head.json`. The head starts at zeros: the
+first values are exactly 0, not seed-dependent noise; it still learns from step one (gradient
+dL/dV * hidden), the backbone once the head is non-zero."""
 
 from __future__ import annotations
 
