@@ -33,6 +33,7 @@ class HFSampler:
         if batch_size < 1:
             raise ValueError(f"HFSampler batch_size must be >= 1, got {batch_size}")
         self.model = model.eval()  # the sampler's own copy: never trained, no dropout
+        self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.batch_size = batch_size
@@ -71,9 +72,8 @@ class HFSampler:
         rows = [p for p in prompts for _ in range(n)]
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
-        device = next(self.model.parameters()).device
         # seeded, without touching the global RNG state
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(seed)
             for start in range(0, len(rows), self.batch_size):
                 ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy,
@@ -95,7 +95,6 @@ class HFSampler:
         """Generated tokens (up to max_new_tokens, EOS/pad included) and their logprobs, per row."""
         from transformers import GenerationConfig
 
-        device = next(self.model.parameters()).device
         chunk = prompts_to_batch(prompts, self.pad_id)
         c = self.cfg
         sampling = (dict(do_sample=False) if greedy
@@ -110,8 +109,8 @@ class HFSampler:
         # (min_p, repetition_penalty, ...), changing the sampled policy: hide it meanwhile
         own, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
-            out = self.model.generate(input_ids=chunk.input_ids.to(device),
-                                      attention_mask=chunk.attention_mask.to(device), generation_config=gen_cfg,
+            out = self.model.generate(input_ids=chunk.input_ids.to(self.device),
+                                      attention_mask=chunk.attention_mask.to(self.device), generation_config=gen_cfg,
                                       tokenizer=self.tokenizer if c.stop else None)
         finally:
             self.model.generation_config = own

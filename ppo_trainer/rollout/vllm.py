@@ -135,12 +135,9 @@ class VllmSampler:
                                  ignore_eos=c.ignore_eos, seed=rng.getrandbits(31), logprobs=0)
                   for _ in prompts]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        responses, logprobs, truncated, texts = [], [], [], []
-        for out in outputs:
-            for sample in sorted(out.outputs, key=lambda c: c.index):
-                ids = list(sample.token_ids)
-                responses.append(ids)
-                logprobs.append([step[token].logprob for step, token in zip(sample.logprobs, ids)])
-                truncated.append(sample.finish_reason == "length")
-                texts.append(cut_at_stop(sample.text, self.cfg.stop)[0])
+        samples = [sample for out in outputs for sample in sorted(out.outputs, key=lambda s: s.index)]
+        responses = [list(s.token_ids) for s in samples]
+        logprobs = [[step[token].logprob for step, token in zip(s.logprobs, ids)] for s, ids in zip(samples, responses)]
+        truncated = [s.finish_reason == "length" for s in samples]
+        texts = [cut_at_stop(s.text, c.stop)[0] for s in samples]
         return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
