@@ -24,8 +24,7 @@ VALUE_HEAD_CONFIG = "value_head.json"
 
 
 class ValueModel(nn.Module):
-    """V(s_t) for every response token: backbone hidden state at P+t-1 -> Linear(H, 1), the head
-    in float32 on a float32 copy of the hidden state, whatever the backbone's compute dtype."""
+    """V(s_t) of every response token; the head computes in float32 whatever the backbone's dtype."""
 
     def __init__(self, backbone: nn.Module, value_head: Optional[nn.Linear] = None) -> None:
         super().__init__()
