@@ -1,6 +1,5 @@
-"""FSDP2 wrapping (`shard_model`) and `FSDPEngine`, the training machinery that the actor and the
-critic share. `train` takes the same full batch on every rank and each rank its share of each
-mini-batch (`Batch.deal`), so N ranks do what one does; `forward_rows` takes each rank's own rows."""
+"""FSDP2 wrapping and `FSDPEngine`, shared by actor and critic. `train` takes the same full batch on every
+rank, each rank its share of each mini-batch (`Batch.deal`); `forward_rows` takes each rank's own rows."""
 
 from __future__ import annotations
 
