@@ -1,15 +1,9 @@
-"""Checkpoint layout, atomic commits, rotation and resume resolution.
+"""Checkpoint layout (README "Outputs"), atomic commits, rotation and resume resolution.
 
-    checkpoints/global_step_N/actor/         HF export (config, safetensors, tokenizer; LoRA: adapter)
-    checkpoints/global_step_N/actor_merged/  LoRA only: the adapter merged into its base (plain HF)
-    checkpoints/global_step_N/critic/        the value model as an HF token-classification model
-    checkpoints/global_step_N/state/         exact resume: actor/ and critic/ (DCP: weights, optimizer,
-                                             scheduler), trainer.json (counters, positions), rng.pt
-    checkpoints/latest                       names the last complete step, written last
-    checkpoints/best                         names the best step by trainer.objective; rotation keeps it
-
-A step is written into a hidden staging folder, fsynced and renamed into place before `latest`
-moves: a crash leaves the previous checkpoint or the new one, never a half-written one.
+global_step_N/state/ holds the exact-resume state: actor/ and critic/ (DCP: weights, optimizer,
+scheduler), trainer.json (counters, positions), rng.pt. A step is written into a hidden staging
+folder, fsynced and renamed into place before `latest` moves: a crash leaves the previous
+checkpoint or the new one, never a half-written one.
 """
 
 from __future__ import annotations
@@ -40,7 +34,6 @@ def step_dir(output_dir: Path, step: int) -> Path:
 
 
 def staging_dir(output_dir: Path, step: int) -> Path:
-    """Where step N is written before it is committed; removed on the next start if left over."""
     return checkpoints_dir(output_dir) / f".incomplete_global_step_{step}"
 
 
@@ -54,7 +47,7 @@ def begin(output_dir: Path, step: int) -> Path:
 
 
 def commit(output_dir: Path, step: int, keep_last: int, best: bool = False) -> Path:
-    """fsync the staged step, rename it into place, point `latest` (and `best` if `best`) at it, rotate."""
+    """fsync the staged step, rename it into place, point `latest` (and `best`) at it, rotate."""
     staging = staging_dir(output_dir, step)
     for folder, _, files in os.walk(staging):
         for name in files:

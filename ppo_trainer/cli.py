@@ -48,32 +48,29 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     try:
         cfg = validate_static(cfg)
         hydra_cfg = HydraConfig.get()
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
         user_set_output = any(o.lstrip("+").startswith("trainer.output_dir=") for o in hydra_cfg.overrides.task)
-        if hydra_cfg.mode == RunMode.MULTIRUN and not user_set_output:
-            # Each sweep job writes (and resumes) in its own job directory.
+        if multirun and not user_set_output:  # each sweep job writes (and resumes) in its own job directory
             cfg.trainer.output_dir = hydra_cfg.runtime.output_dir
         problems = environment_problems(cfg)
         if cfg.trainer.dry_run:
             plan = describe_plan(cfg, problems)
             print(plan)
-            if hydra_cfg.mode == RunMode.MULTIRUN:
-                # A sweep's folder exists anyway (multirun.yaml): record each job's plan in it.
+            if multirun:  # a sweep's folder exists anyway (multirun.yaml): record each job's plan in it
                 Path(cfg.trainer.output_dir, "plan.txt").write_text(plan + "\n")
             else:
                 _remove_if_empty(Path(hydra_cfg.runtime.output_dir))
             return None
         if problems:
             raise ConfigError(problems[0])
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            # For ppo-sweep-report: hydra.output_subdir=null keeps no .hydra/overrides.yaml.
+        if multirun:  # for ppo-sweep-report: hydra.output_subdir=null keeps no .hydra/overrides.yaml
             job_dir = Path(cfg.trainer.output_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
         from ppo_trainer.tracking import engine_output_to_file
         from ppo_trainer.trainer import run_training
 
-        if cfg.trainer.verbose:
-            _engine_log_levels(verbose=True)
+        _engine_log_levels(cfg.trainer.verbose)
         with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
@@ -155,7 +152,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
 
 
 def eval_main(argv: Optional[list[str]] = None) -> None:
-    """Entry point of `ppo-eval`: greedy accuracy of a model on a dataset split."""
     argv = sys.argv[1:] if argv is None else argv
     _quiet_third_party_logs()
     parser = argparse.ArgumentParser(

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from ppo_trainer.batch import Batch
@@ -134,8 +135,6 @@ def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Pat
 
 def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
     """The `model.path` values of the overrides (one, or a list `[A,B]`) and the other overrides."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     paths: list[str] = []
     for override in (o for o in overrides if o.partition("=")[0] == "model.path"):
         value = OverridesParser.create().parse_overrides([override])[0].value()
@@ -146,8 +145,6 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
 def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
     """The run's config.yaml with each key or group that `overrides` name taken from `composed`;
     without a run, `composed` itself."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     if run_dir is None:
         return composed
     cfg = OmegaConf.load(run_dir / "config.yaml")

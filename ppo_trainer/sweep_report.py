@@ -75,11 +75,8 @@ def _read_yaml(path: Path) -> Any:
 
 
 def read_overrides(folder: Path) -> Optional[list[str]]:
-    for path in (folder / "overrides.yaml", folder / ".hydra" / "overrides.yaml"):
-        overrides = _read_yaml(path)
-        if isinstance(overrides, list):
-            return [str(o) for o in overrides]
-    return None
+    found = (_read_yaml(folder / name) for name in ("overrides.yaml", ".hydra/overrides.yaml"))
+    return next(([str(o) for o in overrides] for overrides in found if isinstance(overrides, list)), None)
 
 
 def find_runs(sweep_dir: Path) -> list[Run]:
@@ -218,7 +215,6 @@ def plot_accuracy(report: Report, out: Path) -> Path:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point of `ppo-sweep-report`."""
     parser = argparse.ArgumentParser(
         prog="ppo-sweep-report",
         description="Compare the runs of a sweep: a table sorted by the objective (printed, report.md, "

@@ -143,7 +143,9 @@ class Tracker:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self._progress is not None:
-            self._progress.console.print(format_step_line(step, self.total_steps, metrics), soft_wrap=True)
+            columns = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in CONSOLE_COLUMNS
+                       if metrics.get(key) is not None]
+            self._progress.console.print("  ".join([f"step {step}/{self.total_steps}", *columns]), soft_wrap=True)
             self._progress.update(self._task, completed=step)
         for log, _ in self._sinks:
             log(step, metrics)
@@ -157,7 +159,10 @@ class Tracker:
             self._progress.stop()
         for _, close in self._sinks:
             close()
-        write_plots(self.metrics_path, self.output_dir / "plots.png")
+        records = read_jsonl(self.metrics_path)
+        if records:  # plots.png: the headline metrics against step
+            plot(self.output_dir / "plots.png", [(key, [(None, metric_series(records, key))]) for key in PLOTTED],
+                 cols=3, size=(4, 3))
 
 
 StepValue = tuple[Optional[int], Optional[float]]  # (step, value) of the objective, or (None, None)
@@ -199,14 +204,6 @@ def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
-
-
-def format_step_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    parts = [f"step {step}/{total}"]
-    for key, label, fmt in CONSOLE_COLUMNS:
-        if key in metrics and metrics[key] is not None:
-            parts.append(f"{label} {fmt.format(metrics[key])}")
-    return "  ".join(parts)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -261,14 +258,6 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
-
-
-def write_plots(metrics_path: Path, out: Path) -> Optional[Path]:
-    """plots.png: the headline metrics against step (matplotlib, a base dependency)."""
-    records = read_jsonl(metrics_path)
-    if not records:
-        return None
-    return plot(out, [(key, [(None, metric_series(records, key))]) for key in PLOTTED], cols=3, size=(4, 3))
 
 
 def _plain(value: Any) -> Any:

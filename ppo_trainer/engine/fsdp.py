@@ -1,7 +1,5 @@
-"""FSDP2 wrapping (`shard_model`) and `FSDPEngine`, the training machinery that the actor and the
-critic share. `train` takes the same full batch on every rank and each rank its share of each
-mini-batch (`Batch.deal`), so N ranks do what one does; `forward_rows` takes each rank's own rows.
-"""
+"""FSDP2 wrapping and `FSDPEngine`, shared by actor and critic. `train` takes the same full batch on every
+rank, each rank its share of each mini-batch (`Batch.deal`); `forward_rows` takes each rank's own rows."""
 
 from __future__ import annotations
 
@@ -27,13 +25,10 @@ from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 ENGINE_STATE = "engine_state.json"
 
 
-def shard_model(
-    module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype, cpu_offload: bool = False,
-    fp32_modules: Sequence[nn.Module] = (),
-) -> FSDPModule:
-    """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value
-    head), then the root `module` (float32 parameters: the master copy); returns the root, now an
-    FSDPModule. Compute runs in `dtype`, gradient reduction in float32."""
+def shard_model(module: nn.Module, layers: Sequence[nn.Module], device: torch.device, dtype: torch.dtype,
+                cpu_offload: bool = False, fp32_modules: Sequence[nn.Module] = ()) -> FSDPModule:
+    """`fully_shard` each of `layers`, each of `fp32_modules` (computed in float32, e.g. a value head), then
+    the root `module` (float32 master parameters), which it returns. Compute in `dtype`, reduction in float32."""
     mesh = device_mesh(device)
     offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if cpu_offload else None
     mixed = MixedPrecisionPolicy(param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32)
@@ -48,28 +43,21 @@ def shard_model(
 
 
 def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
-    """One update's statistics from its optimizer steps: `skipped_steps` (non-finite gradient
-    norm, parameters left unchanged) is a count; every other key is the mean over the steps that
-    were taken (NaN when all were skipped, so a broken update stays visible)."""
+    """One update's statistics from its optimizer steps: the count of `skipped_steps` (non-finite gradient
+    norm), and the mean of every other key over the steps taken (NaN when all were skipped: stays visible)."""
     taken = [h for h in history if not h["skipped_steps"]]
-    out = {"skipped_steps": sum(h["skipped_steps"] for h in history)}
-    for key in history[0]:
-        if key != "skipped_steps":
-            out[key] = sum(h[key] for h in taken) / len(taken) if taken else float("nan")
-    return out
+    means = {key: sum(h[key] for h in taken) / len(taken) if taken else float("nan") for key in history[0]}
+    return {**means, "skipped_steps": sum(h["skipped_steps"] for h in history)}
 
 
 class FSDPEngine:
-    """One FSDP2-sharded module (float32 parameters on CPU, sharded in place; `layers` are its
-    repeated blocks); trainable when given an `OptimConfig` (None: frozen). `dtype`: a compute
-    dtype name or "auto" (resolved into `self.dtype`); `total_steps`: optimizer steps over the run
-    (the cosine schedule needs it); `fp32_modules` compute in float32 whatever `dtype` is."""
+    """One FSDP2-sharded module (float32 parameters, sharded in place; `layers`: its repeated blocks),
+    frozen unless given an `OptimConfig`. `dtype`: a compute dtype name or "auto" (resolved into
+    `self.dtype`); `total_steps`: optimizer steps over the run (for the schedule)."""
 
-    def __init__(
-        self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
-        cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
-        fp32_modules: Sequence[nn.Module] = (),
-    ) -> None:
+    def __init__(self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
+                 cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
+                 fp32_modules: Sequence[nn.Module] = ()) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device.type)
         if optim is None:
@@ -82,9 +70,8 @@ class FSDPEngine:
         self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
     @torch.no_grad()
-    def forward_rows(
-        self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]
-    ) -> list[torch.Tensor]:
+    def forward_rows(self, batch: Batch, budget: int,
+                     fn: Callable[[Batch], Sequence[torch.Tensor]]) -> list[torch.Tensor]:
         """`fn(micro_batch_on_device)` over this rank's rows in eval mode, each returned [b, t]
         reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width)."""
         was_training = self.module.training
@@ -105,10 +92,9 @@ class FSDPEngine:
         return outputs
 
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
-        """PPO update: algorithm.ppo_epochs passes over the full `batch` in mini-batches of
-        `mini_batch_size` sequences, one optimizer step each. The shuffling is seeded by (seed,
-        previous `train` calls, epoch): the same on every rank and after a resume. Returns
-        `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
+        """algorithm.ppo_epochs passes over `batch` in mini-batches of `mini_batch_size` sequences, one
+        optimizer step each, shuffled by (seed, previous `train` calls, epoch): the same on every rank and
+        after a resume. Returns `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()
@@ -130,10 +116,9 @@ class FSDPEngine:
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
         """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share."""
         if len(mini_batch) < self.world_size:
-            raise ValueError(
-                f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} data-parallel ranks; "
-                "every rank needs at least one (raise algorithm.ppo_mini_batch_size or use fewer devices)"
-            )
+            raise ValueError(f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} "
+                             "data-parallel ranks; every rank needs at least one (raise "
+                             "algorithm.ppo_mini_batch_size or use fewer devices)")
         local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy) for m in plan_micro_batches(local, budget)]

@@ -1,11 +1,8 @@
-"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`, rows x trimmed width),
-and gradient accumulation that equals one big batch.
-
-Each micro-batch loss is aggregated with the whole mini-batch's counts over all ranks
-(`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2 averages gradients over ranks,
-so the loss is multiplied by the world size before `backward`. FSDP's collectives need the same
-number of forwards on every rank: short ranks pad with dummy micro-batches (loss x 0).
-"""
+"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`, rows x trimmed width), and
+gradient accumulation that equals one big batch: each micro-batch loss is aggregated with the whole
+mini-batch's counts over all ranks (`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2
+averages gradients over ranks, so the loss is multiplied by the world size before `backward`. FSDP's
+collectives need the same number of forwards on every rank: short ranks pad with dummies (loss x 0)."""
 
 from __future__ import annotations
 
@@ -93,14 +90,11 @@ def global_counts(batch: Batch) -> GlobalCounts:
     return GlobalCounts(tokens=tokens, seqs=seqs)
 
 
-def accumulate_gradients(
-    model: FSDPModule, micro_batches: list[MicroBatch], loss_fn: LossFn, counts: GlobalCounts
-) -> dict[str, float]:
+def accumulate_gradients(model: FSDPModule, micro_batches: list[MicroBatch], loss_fn: LossFn,
+                         counts: GlobalCounts) -> dict[str, float]:
     """Forward and backward every micro-batch, so `.grad` holds the full mini-batch's gradient.
-
     `loss_fn(micro_batch, counts)` returns its share of the mini-batch loss and detached shares of
-    logged statistics; returns those shares summed over micro-batches and ranks (dummies excluded).
-    """
+    logged statistics; returns those shares summed over micro-batches and ranks (dummies excluded)."""
     scale = float(world_size())
     totals: dict[str, torch.Tensor] = {}
     for i, micro in enumerate(micro_batches):

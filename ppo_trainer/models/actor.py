@@ -1,9 +1,7 @@
 """The policy: a causal LM (optionally with a peft LoRA adapter) that scores response tokens.
 
-Alignment (B rows, P prompt columns, T response columns): the logprob of response token t
-(column P+t) comes from the logits at position P+t-1. Logprobs and entropies are those of the
-policy that was sampled (temperature, top-k, top-p: `response_logprobs`), computed in chunks so
-that no [B, T, V] block of logits exists (V is ~150k for Qwen).
+The logprob of response token t (column P+t) comes from the logits at P+t-1, under the sampled
+policy (temperature, top-k, top-p), in chunks: no [B, T, V] block of logits exists (V ~150k for Qwen).
 """
 
 from __future__ import annotations
@@ -56,29 +54,16 @@ def top_k_top_p_keep(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -
     return keep
 
 
-def response_logprobs(
-    hidden: torch.Tensor,
-    lm_head: nn.Module,
-    labels: torch.Tensor,
-    temperature: float,
-    chunk_tokens: int,
-    with_entropy: bool = False,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-probabilities (and entropies) of `labels` under softmax(lm_head(hidden) / temperature),
-    truncated to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing).
-
-    =========  =========  ======================================================
-    hidden     [N, H]     hidden states of the positions that predict `labels`
-    labels     [N]        token ids
-    return     [N], [N]   float32 logprobs, and entropies (None unless asked)
-    =========  =========  ======================================================
+def response_logprobs(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, temperature: float,
+                      chunk_tokens: int, with_entropy: bool = False, top_k: int = 0,
+                      top_p: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """float32 logprobs [N] (and entropies [N], None unless asked) of the token ids `labels` [N] under
+    softmax(lm_head(hidden) / temperature), `hidden` [N, H] being the states that predict them, truncated
+    to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing).
 
     A label always counts as kept (it was sampled): where the trainer's logits put it just outside
     (rounding between engines, a policy that moved) its logprob stays finite. Works in chunks of
-    `chunk_tokens` rows, each checkpointed under autograd: at most one [chunk, V] block of logits.
-    """
+    `chunk_tokens` rows, each checkpointed under autograd: at most one [chunk, V] block of logits."""
     truncated = top_k > 0 or top_p < 1.0
 
     def chunk_fn(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,15 +83,13 @@ def response_logprobs(
         return logp, ent
 
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
-    logps, ents = [], []
+    empty = hidden.new_zeros(0, dtype=torch.float32)  # torch.cat needs one tensor when N = 0
+    logps, ents = [empty], [empty]
     for start in range(0, hidden.shape[0], chunk_tokens):
         h, y = hidden[start : start + chunk_tokens], labels[start : start + chunk_tokens]
         logp, ent = checkpoint(chunk_fn, h, y, use_reentrant=False) if grad else chunk_fn(h, y)
         logps.append(logp)
         ents.append(ent)
-    if not logps:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
@@ -140,50 +123,32 @@ class CausalLMPolicy(nn.Module):
         with self.lm.disable_adapter():
             yield
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        response_mask: torch.Tensor,
-        temperature: float,
-        with_entropy: bool = False,
-        top_k: int = 0,
-        top_p: float = 1.0,
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                response_mask: torch.Tensor, temperature: float, with_entropy: bool = False, top_k: int = 0,
+                top_p: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Logprobs [B, T] (and entropies [B, T]) of the response tokens; 0 where response_mask is 0.
-        `top_k`, `top_p`: the sampler's truncation (see `response_logprobs`).
-
-        input_ids, attention_mask, position_ids: [B, P+T]; response_mask: [B, T] (T >= 1, P >= 1).
-        """
+        `top_k`, `top_p`: the sampler's truncation. input_ids, attention_mask, position_ids: [B, P+T];
+        response_mask: [B, T] (T >= 1, P >= 1)."""
         T = response_mask.shape[1]
         P = input_ids.shape[1] - T
-        hidden = self.hf_model.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+        hidden = self.hf_model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                             position_ids=position_ids, use_cache=False).last_hidden_state
         valid = response_mask.bool()
         predicting = hidden[:, P - 1 : P + T - 1][valid]  # [N, H]: the state before each valid token
         labels = input_ids[:, P:][valid]
-        logp, ent = response_logprobs(
-            predicting, self.hf_model.get_output_embeddings(), labels, temperature, self.chunk_tokens, with_entropy,
-            top_k, top_p,
-        )
-        logprobs = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device).masked_scatter(valid, logp)
-        entropy = None
-        if ent is not None:
-            entropy = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device).masked_scatter(valid, ent)
-        return logprobs, entropy
+        logp, ent = response_logprobs(predicting, self.hf_model.get_output_embeddings(), labels, temperature,
+                                      self.chunk_tokens, with_entropy, top_k, top_p)
+        zeros = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device)
+        return zeros.masked_scatter(valid, logp), (None if ent is None else zeros.masked_scatter(valid, ent))
 
 
 def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:
     """(scaling = alpha / r, fan_in_fan_out) per adapted module, keyed by its name in `policy.lm`."""
     from peft.tuners.lora import LoraLayer
 
-    scalings = {}
-    for name, module in policy.lm.named_modules():
-        if isinstance(module, LoraLayer) and "default" in module.scaling:
-            scalings[name] = (float(module.scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
-    return scalings
+    return {name: (float(module.scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
+            for name, module in policy.lm.named_modules()
+            if isinstance(module, LoraLayer) and "default" in module.scaling}
 
 
 def merge_lora_state_dict(state: dict[str, torch.Tensor],

@@ -3,14 +3,11 @@
 values[:, t] = V(s_t), the value of the state *before* response token t, read from the hidden
 state at P+t-1 (as the policy's logits; at P+t the critic would see the action it evaluates).
 
-Folder format: a Hugging Face token-classification model with one label, as verl saves its
-critic (head as `score.weight` [1, H] / `score.bias` [1]); a model type without such a class: a
-backbone folder plus `value_head.safetensors` and `value_head.json`. `from_pretrained` reads
-both, or any causal-LM / base-model folder (with a fresh head).
-
-The head starts at zeros: the first values are exactly 0 rather than seed-dependent noise; it
-still learns from step one (gradient dL/dV * hidden), the backbone once the head is non-zero.
-"""
+Folder format: a Hugging Face token-classification model with one label, as verl saves its critic
+(head as `score.weight` [1, H] / `score.bias` [1]); for a model type without such a class, a
+backbone folder plus `value_head.safetensors` and `value_head.json`. The head starts at zeros: the
+first values are exactly 0, not seed-dependent noise; it still learns from step one (gradient
+dL/dV * hidden), the backbone once the head is non-zero."""
 
 from __future__ import annotations
 
@@ -24,12 +21,10 @@ from torch import nn
 
 VALUE_HEAD_WEIGHTS = "value_head.safetensors"
 VALUE_HEAD_CONFIG = "value_head.json"
-FORMAT = "ppo_trainer.value_model/1"
 
 
 class ValueModel(nn.Module):
-    """V(s_t) for every response token: backbone hidden state at P+t-1 -> Linear(H, 1), the head
-    in float32 on a float32 copy of the hidden state, whatever the backbone's compute dtype."""
+    """V(s_t) of every response token; the head computes in float32 whatever the backbone's dtype."""
 
     def __init__(self, backbone: nn.Module, value_head: Optional[nn.Linear] = None) -> None:
         super().__init__()
@@ -43,18 +38,16 @@ class ValueModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
                         gradient_checkpointing: bool = False) -> "ValueModel":
-        """A saved value model, or a backbone (e.g. the actor's causal LM) with a zero head, in
-        float32 (the master copy; FSDP casts for compute)."""
+        """A saved value model (either format), or any causal-LM / base-model folder with a zero head,
+        in float32 (the master copy; FSDP casts for compute)."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoModelForTokenClassification
 
         path = Path(path)
         if (path / "adapter_config.json").is_file():
-            raise ValueError(
-                f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
-                "full-parameter and LoRA is not supported for it: point critic.path at a full model "
-                "(merge the adapter into its base model first)"
-            )
+            raise ValueError(f"critic.path '{path}' is a LoRA adapter folder; the critic (value model) is trained "
+                             "full-parameter and LoRA is not supported for it: point critic.path at a full model "
+                             "(merge the adapter into its base model first)")
         kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
         head = None
         config = path / "config.json"
@@ -71,7 +64,7 @@ class ValueModel(nn.Module):
         if gradient_checkpointing:
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model = cls(backbone, head)
-        if (path / VALUE_HEAD_CONFIG).is_file():  # the older format
+        if (path / VALUE_HEAD_CONFIG).is_file():
             weights = load_file(path / VALUE_HEAD_WEIGHTS)
             model.value_head.load_state_dict({k: v.float() for k, v in weights.items()})
         return model
@@ -86,9 +79,8 @@ class ValueModel(nn.Module):
         T = response_length >= 1, P >= 1. Padding positions are not masked (mask downstream)."""
         T = response_length
         P = input_ids.shape[1] - T
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
         before_token = hidden[:, P - 1 : P + T - 1]  # [B, T, H]: the state before token t
         flat = before_token.reshape(-1, hidden.shape[-1]).to(self.value_head.weight.dtype)
         # a fresh tensor, not a view: FSDP hooks the outputs of its modules for backward
@@ -112,13 +104,12 @@ class ValueModel(nn.Module):
             config = copy.deepcopy(self.backbone.config)
             config.architectures = [classifier.__name__]
             config.num_labels = 1
-            prefix = classifier.base_model_prefix
-            save_hf_weights(folder, config, {f"{prefix}.{k}": v for k, v in backbone.items()}, dtype,
-                            keep_dtype={f"score.{k}": v for k, v in head.items()})
+            save_hf_weights(folder, config, {f"{classifier.base_model_prefix}.{k}": v for k, v in backbone.items()},
+                            dtype, keep_dtype={f"score.{k}": v for k, v in head.items()})
             return
         save_hf_weights(folder, self.backbone.config, backbone, dtype)
         save_file(head, folder / VALUE_HEAD_WEIGHTS)
-        info = {"format": FORMAT, "hidden_size": int(head["weight"].shape[1]), "init": "zeros"}
+        info = {"format": "ppo_trainer.value_model/1", "hidden_size": int(head["weight"].shape[1]), "init": "zeros"}
         (folder / VALUE_HEAD_CONFIG).write_text(json.dumps(info, indent=2) + "\n")
 
 

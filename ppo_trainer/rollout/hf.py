@@ -25,15 +25,15 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 class HFSampler:
-    """Batched `model.generate`, stopping each sequence at EOS or a stop string; `batch_size` rows
-    (of prompts x n) per call bound the KV cache and the scores. Sampling logprobs are the
-    log-softmax of the scores after temperature, top-k, top-p (as the actor recomputes them);
-    the model's generation_config.json is not applied."""
+    """Batched `model.generate`; `batch_size` rows (of prompts x n) per call bound the KV cache and the
+    scores. Sampling logprobs: the log-softmax of the scores after temperature, top-k, top-p (as the
+    actor recomputes them); the model's generation_config.json is not applied."""
 
     def __init__(self, model: Any, tokenizer: Any, cfg: SamplerConfig, *, batch_size: int = 64) -> None:
         if batch_size < 1:
             raise ValueError(f"HFSampler batch_size must be >= 1, got {batch_size}")
         self.model = model.eval()  # the sampler's own copy: never trained, no dropout
+        self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.batch_size = batch_size
@@ -47,9 +47,8 @@ class HFSampler:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=compute_dtype(dtype, torch.device(device).type), trust_remote_code=trust_remote_code
-        ).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype(dtype, torch.device(device).type),
+                                                     trust_remote_code=trust_remote_code).to(device)
         return cls(model, tokenizer, cfg, batch_size=batch_size)
 
     def sleep(self) -> None:
@@ -73,9 +72,8 @@ class HFSampler:
         rows = [p for p in prompts for _ in range(n)]
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
-        device = next(self.model.parameters()).device
         # seeded, without touching the global RNG state
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(seed)
             for start in range(0, len(rows), self.batch_size):
                 ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy,
@@ -97,24 +95,22 @@ class HFSampler:
         """Generated tokens (up to max_new_tokens, EOS/pad included) and their logprobs, per row."""
         from transformers import GenerationConfig
 
-        device = next(self.model.parameters()).device
         chunk = prompts_to_batch(prompts, self.pad_id)
         c = self.cfg
         sampling = (dict(do_sample=False) if greedy
                     else dict(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
-        gen_cfg = GenerationConfig(
-            **sampling, max_new_tokens=max_new_tokens,
-            # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops
-            # early otherwise); vLLM instead samples past EOS. Both give full-length rows.
-            min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-            stop_strings=list(c.stop) or None, return_dict_in_generate=True, output_scores=True,
-        )
+        # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops early
+        # otherwise); vLLM instead samples past EOS. Both give full-length rows.
+        gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens,
+                                   min_new_tokens=max_new_tokens if c.ignore_eos else 0, eos_token_id=self.eos_ids,
+                                   pad_token_id=self.pad_id, stop_strings=list(c.stop) or None,
+                                   return_dict_in_generate=True, output_scores=True)
         # generate fills the fields gen_cfg leaves unset from the model's generation_config.json
         # (min_p, repetition_penalty, ...), changing the sampled policy: hide it meanwhile
         own, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
-            out = self.model.generate(input_ids=chunk.input_ids.to(device),
-                                      attention_mask=chunk.attention_mask.to(device), generation_config=gen_cfg,
+            out = self.model.generate(input_ids=chunk.input_ids.to(self.device),
+                                      attention_mask=chunk.attention_mask.to(self.device), generation_config=gen_cfg,
                                       tokenizer=self.tokenizer if c.stop else None)
         finally:
             self.model.generation_config = own

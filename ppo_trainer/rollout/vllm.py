@@ -4,6 +4,7 @@ vLLM is imported only when a `VllmSampler` is built."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import random
@@ -29,14 +30,6 @@ def check_vllm_available() -> Optional[str]:
     if importlib.util.find_spec("vllm") is None:
         return f"sampler.name=vllm needs vLLM, which is not installed: {INSTALL_HINT}, or use sampler=hf"
     return None
-
-
-def _config_max_len(model_dir: str | Path) -> int:
-    """max_position_embeddings from the folder's config.json (0 if absent): vLLM's default max_model_len."""
-    import json
-
-    config = Path(model_dir) / "config.json"
-    return int(json.loads(config.read_text()).get("max_position_embeddings", 0)) if config.is_file() else 0
 
 
 class VllmSampler:
@@ -81,7 +74,9 @@ class VllmSampler:
             # generator, which CPU generators cannot do ("CPU Generator does not use offset").
             # Unchunked prefill needs a step budget of at least one whole sequence.
             kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or _config_max_len(model_dir))
+            config = Path(model_dir) / "config.json"  # its max_position_embeddings: vLLM's default max_model_len
+            default_len = json.loads(config.read_text()).get("max_position_embeddings", 0) if config.is_file() else 0
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(default_len))
         else:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
         if v.tensor_parallel_size == 1:
@@ -113,9 +108,8 @@ class VllmSampler:
             self._asleep = set()
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Push full weights (HF names; LoRA merged) into the running engine, then drop its prefix
-        cache (its prompt KV came from the old weights). While asleep only the weights wake up: the
-        KV cache stays released until `wake`, so a colocated actor keeps its memory."""
+        """Push the weights into the running engine, then drop its prefix cache (KV of the old weights).
+        Asleep, only the weights wake: the KV cache stays released until `wake` (memory for a colocated actor)."""
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
@@ -141,12 +135,9 @@ class VllmSampler:
                                  ignore_eos=c.ignore_eos, seed=rng.getrandbits(31), logprobs=0)
                   for _ in prompts]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        responses, logprobs, truncated, texts = [], [], [], []
-        for out in outputs:
-            for sample in sorted(out.outputs, key=lambda c: c.index):
-                ids = list(sample.token_ids)
-                responses.append(ids)
-                logprobs.append([step[token].logprob for step, token in zip(sample.logprobs, ids)])
-                truncated.append(sample.finish_reason == "length")
-                texts.append(cut_at_stop(sample.text, self.cfg.stop)[0])
+        samples = [sample for out in outputs for sample in sorted(out.outputs, key=lambda s: s.index)]
+        responses = [list(s.token_ids) for s in samples]
+        logprobs = [[step[token].logprob for step, token in zip(s.logprobs, ids)] for s, ids in zip(samples, responses)]
+        truncated = [s.finish_reason == "length" for s in samples]
+        texts = [cut_at_stop(s.text, c.stop)[0] for s in samples]
         return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
