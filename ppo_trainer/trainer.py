@@ -112,8 +112,7 @@ class Trainer:
             while self.step < last:
                 self.step += 1
                 metrics, samples = self.train_step(self.step)
-                final = self.step == t.total_steps
-                validated = final or (t.val_every and self.step % t.val_every == 0)
+                validated = self.step == t.total_steps or (t.val_every and self.step % t.val_every == 0)
                 if validated:
                     metrics.update(self.validate())
                 tracker.log(self.step, metrics)
@@ -132,8 +131,14 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             tracker.close()
-        print(self.summary(first_step, time.time() - started, objective, objective_step), file=console_stream(),
-              flush=True)
+        best_run = self.best or {}
+        print(run_summary(
+            self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=time.time() - started,
+            objective_name=t.objective, final=(objective_step, objective),
+            best=(best_run.get("step"), best_run.get("value")),
+            best_dir=checkpoint.read_pointer(checkpoint.checkpoints_dir(self.output_dir) / "best"),
+            last_dir=checkpoint.latest_checkpoint(self.output_dir), stopped_by=self._stop_requested,
+        ), file=console_stream(), flush=True)
         return objective
 
     def record_best(self, value: Optional[float]) -> bool:
@@ -145,18 +150,6 @@ class Trainer:
         if better:
             self.best = {"step": self.step, "value": float(value)}
         return better
-
-    def summary(self, first_step: int, seconds: float, objective: Optional[float],
-                objective_step: Optional[int]) -> str:
-        """The end-of-run block (see `tracking.run_summary`) for this invocation."""
-        t = self.cfg.trainer
-        best = self.best or {}
-        return run_summary(
-            self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=seconds,
-            objective_name=t.objective, final=(objective_step, objective), best=(best.get("step"), best.get("value")),
-            best_dir=checkpoint.read_pointer(checkpoint.checkpoints_dir(self.output_dir) / "best"),
-            last_dir=checkpoint.latest_checkpoint(self.output_dir), stopped_by=self._stop_requested,
-        )
 
     def _request_stop(self, signum: int, _frame: Any) -> None:
         if self._stop_requested is not None:

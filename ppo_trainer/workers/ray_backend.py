@@ -1,7 +1,5 @@
 """The Ray backend of `WorkerGroup`: one Ray actor per rank, in one placement group per pool
-(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created).
-Actor and critic ranks form one torch.distributed group per role; rollout replicas are independent.
-"""
+(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created)."""
 
 from __future__ import annotations
 
@@ -55,19 +53,14 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator)))
 
 
-def cluster_nodes() -> list[ClusterNode]:
-    """The alive Ray nodes with their free and total resources."""
-    free = available_resources_per_node()
-    return [ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(free.get(n["NodeID"], {})), dict(n["Resources"]))
-            for n in ray.nodes() if n["Alive"]]
-
-
 def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str]) -> dict[int, str]:
     """Plan node -> Ray node id, or PlacementError. A plan that would fit an idle cluster but not
     the resources free right now is retried for FIT_SETTLE_S."""
     deadline = time.monotonic() + FIT_SETTLE_S
     while True:
-        nodes = cluster_nodes()
+        free = available_resources_per_node()
+        nodes = [ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(free.get(n["NodeID"], {})),
+                             dict(n["Resources"])) for n in ray.nodes() if n["Alive"]]
         try:
             return assign_nodes(placement, kind, nodes, address)
         except PlacementError:
@@ -93,10 +86,6 @@ class PlacementPool:
                 f"{format_resources(bundles[0])}) was not ready after {PLACEMENT_TIMEOUT_S:g} s although the cluster "
                 "reported the resources free; another job may have taken them meanwhile"
             )
-
-    def acquire(self) -> "PlacementPool":
-        self.users += 1
-        return self
 
     def release(self) -> None:
         self.users -= 1
@@ -201,7 +190,8 @@ class RayWorkers:
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
         self.distributed = role in DISTRIBUTED_ROLES
-        self.pool: Optional[PlacementPool] = pool.acquire()
+        self.pool: Optional[PlacementPool] = pool
+        pool.users += 1
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
