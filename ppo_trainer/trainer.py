@@ -55,6 +55,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, groups: dict[str, WorkerGroup], pad_id: int,
                  train_records: list[PromptRecord], val_records: list[PromptRecord]):
         self.cfg = cfg
+        self.groups = groups
         self.actor, self.critic, self.rollout = groups["actor"], groups["critic"], groups["rollout"]
         self.pad_id = pad_id
         self.val_records = val_records
@@ -282,7 +283,7 @@ class Trainer:
         self.critic.run_all("save", str(staging))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                  "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best}
-        workers = {role: group.run_all("rng_state") for role, group in self._groups().items()}
+        workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
         checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers})
         folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last, best=best)
         log.info("saved %s", folder)
@@ -295,7 +296,7 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
-        for role, group in self._groups().items():  # after the loads: building and loading draw numbers too
+        for role, group in self.groups.items():  # after the loads: building and loading draw numbers too
             saved = rng.get("workers", {}).get(role)
             if saved is not None and len(saved) == len(group):
                 group.run_each("set_rng_state", [(s,) for s in saved])
@@ -309,9 +310,6 @@ class Trainer:
             checkpoint.write_pointer(self.output_dir, "best", self.best["step"])
         self.sync_rollout_weights()
         log.info("resumed from %s (step %d)", folder, self.step)
-
-    def _groups(self) -> dict[str, WorkerGroup]:
-        return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout}
 
     def close(self) -> None:
         for group in (self.rollout, self.critic, self.actor):

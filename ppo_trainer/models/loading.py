@@ -80,8 +80,7 @@ def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Option
 
 
 def model_path_problem(path: str, key: str = "model.path", part: Optional[str] = None) -> Optional[str]:
-    """Why `path` cannot be resolved here (one line naming `key`), or None; builds and downloads
-    nothing, imports no torch (the plan's check)."""
+    """Why `path` cannot be resolved here (one line naming `key`), or None; builds and imports nothing."""
     try:
         _locate(str(path), part, hub_offline())
     except ModelPathError as e:
@@ -90,8 +89,7 @@ def model_path_problem(path: str, key: str = "model.path", part: Optional[str] =
 
 
 def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
-    """(form, name or folder) of `path`, form in random, embedded, local, hub; ModelPathError for
-    what cannot work here (checks files only)."""
+    """(form, name or folder) of `path`; ModelPathError for what cannot work here (checks files only)."""
     prefixed = (("random", RANDOM_PREFIX, RANDOM_MODELS), ("embedded", EMBEDDED_PREFIX, EMBEDDED_MODELS))
     for form, prefix, known in prefixed:
         if path.startswith(prefix):

@@ -59,8 +59,7 @@ KINDS: dict[str, DeviceKind] = {
 
 
 def detect(accelerator: str = "auto") -> DeviceKind:
-    """The `DeviceKind` of `devices.accelerator`; "auto": cuda if torch sees a GPU, npu if torch_npu
-    sees an Ascend NPU, else cpu."""
+    """The `DeviceKind` of `devices.accelerator`; "auto": cuda, else npu if torch sees one, else cpu."""
     name = accelerator
     if name == "auto":
         import torch
@@ -188,8 +187,7 @@ class Placement:
 
 
 def colocated_share(num_roles: int) -> float:
-    """The fraction of a device each of `num_roles` colocated workers asks Ray for: 1/n rounded
-    down to 0.01 (0.33 for three), so that the n requests fit in one device."""
+    """Each of `num_roles` colocated workers' share of a device: 1/n rounded down to 0.01, so n fit in one."""
     return math.floor(100 / num_roles) / 100
 
 

@@ -183,9 +183,8 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The `Workers` of one role on Ray. The constructor launches the actors and their builds; the
-    first `call` waits for them. A call `ray.put`s each distinct argument once (a state dict for
-    every rollout replica is serialised once)."""
+    """The `Workers` of one role on Ray: the constructor launches the builds, the first `call` waits
+    for them. A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
@@ -224,8 +223,7 @@ class RayWorkers:
                              for h, args in zip(self.hosts, args_per_replica)], method)
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """Results by rank; on the first failure, WorkerError naming the role, the rank and its own
-        error (`root_cause`); a failed process group is killed."""
+        """Results by rank; on a failure, WorkerError (`_fail`)."""
         if self.failure is not None:
             raise WorkerError(f"the {self.role} workers are down after an earlier failure: {self.failure}")
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -248,6 +246,7 @@ class RayWorkers:
         return results
 
     def _fail(self, what: str, failures: list[tuple[int, BaseException]]) -> None:
+        """WorkerError naming the role, the rank and its own error (`root_cause`); kills a failed process group."""
         texts = [_describe(error) for _, error in failures]
         chosen = root_cause(texts)
         (rank, error), others = failures[chosen], len(texts) - 1
@@ -275,9 +274,8 @@ class RayWorkers:
 
 
 def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, RayWorkers]:
-    """The workers of every role on Ray, placed per `plan_placement(cfg)`: start or join Ray, check
-    that the plan fits, then create the placement groups and all roles' workers concurrently.
-    `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests)."""
+    """Every role's workers on Ray, per `plan_placement(cfg)`, all roles built concurrently once the
+    plan fits. `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests)."""
     kind = kind or detect(cfg.devices.accelerator)
     if cfg.sampler.name == "vllm" and cfg.sampler.vllm.tensor_parallel_size > 1:
         raise PlacementError(

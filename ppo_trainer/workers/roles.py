@@ -97,8 +97,7 @@ class Worker:
         return result
 
     def save(self, checkpoint: str) -> None:
-        """HF export into <checkpoint>/<role> (actor with LoRA: also the merged model in
-        actor_merged), resume state into <checkpoint>/state/<role>."""
+        """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state."""
         root = Path(checkpoint)
         merged = (root / "actor_merged",) if self.role == "actor" else ()
         self.engine.save_hf(root / self.role, *merged)
