@@ -161,7 +161,7 @@ class Trainer:
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One PPO step; returns its metrics and a few samples for samples.jsonl."""
-        cfg, timer = self.cfg, _Timer()
+        cfg, a, timer = self.cfg, self.cfg.algorithm, _Timer()
         metrics: dict[str, float] = {}
         with timer("step"):
             prompts = prompt_batch(next(self.loader), self.pad_id)
@@ -175,16 +175,19 @@ class Trainer:
                 if cfg.reward.on_error == "zero":
                     metrics["reward/errors"] = errors
             with timer("old_logprob"):
-                if cfg.algorithm.recompute_old_logprobs:
+                if a.recompute_old_logprobs:
                     old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
                     metrics["actor/entropy"] = masked_mean(entropy, batch.response_mask).item()
                     metrics.update(logprob_gap_metrics(batch.sample_logprobs, old, batch.response_mask))
                 else:
                     old = batch.sample_logprobs
                 batch = batch.with_fields(old_logprobs=old)
-            if cfg.algorithm.recompute_old_logprobs:
-                batch, correction = self.rollout_correction(batch)
-                metrics.update(correction)
+            if a.recompute_old_logprobs:
+                weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
+                                                 a.rollout_correction, a.rollout_correction_cap,
+                                                 a.rollout_correction_low, a.rollout_correction_high)
+                batch = batch.with_fields(rollout_weights=weights)
+                metrics.update({f"rollout_corr/{k}": v.item() for k, v in stats.items()})
             if self.uses_reference:
                 with timer("ref"):
                     batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
@@ -195,7 +198,7 @@ class Trainer:
                 metrics.update(adv_metrics)
             with timer("update_critic"):
                 metrics.update(self.guard_nonfinite("critic", self.critic.run_all("update", batch)[0]))
-            if step > cfg.algorithm.critic_warmup:
+            if step > a.critic_warmup:
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
                 with timer("sync"):
@@ -234,14 +237,6 @@ class Trainer:
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
-
-    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The batch with rollout_weights (`core.rollout_correction`) and the rollout_corr/* metrics."""
-        a = self.cfg.algorithm
-        weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
-                                         a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
-                                         a.rollout_correction_high)
-        return batch.with_fields(rollout_weights=weights), {f"rollout_corr/{k}": v.item() for k, v in stats.items()}
 
     def sync_rollout_weights(self) -> None:
         """Push the actor's current full weights (LoRA merged) into every rollout replica."""
