@@ -273,10 +273,8 @@ class RayWorkers:
             self.pool = None
 
 
-def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, RayWorkers]:
-    """Every role's workers on Ray, per `plan_placement(cfg)`, all roles built concurrently once the
-    plan fits. `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests)."""
-    kind = kind or detect(cfg.devices.accelerator)
+def build_ray_groups(cfg: DictConfig, kind: DeviceKind) -> dict[str, RayWorkers]:
+    """Every role's workers on `kind`, per `plan_placement(cfg)`, built concurrently once the plan fits."""
     if cfg.sampler.name == "vllm" and cfg.sampler.vllm.tensor_parallel_size > 1:
         raise PlacementError(
             "sampler.vllm.tensor_parallel_size > 1 is not supported with devices.backend=ray yet: each rollout "
