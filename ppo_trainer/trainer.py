@@ -74,14 +74,14 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         """Data, reward and resume state are checked before any model loads; then the groups."""
-        from ppo_trainer.models.loading import load_tokenizer, resolve_model_path
+        from ppo_trainer.models.loading import load_tokenizer
         from ppo_trainer.workers.group import build_groups
 
         output_dir = Path(cfg.trainer.output_dir)
         check_output_dir(output_dir, cfg)
         resume_from = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
         resume_state = checkpoint.load_trainer_state(resume_from / "state") if resume_from else None
-        tokenizer = load_tokenizer(resolve_model_path(cfg.model.path))
+        tokenizer = load_tokenizer(cfg.model.path)
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
         load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load

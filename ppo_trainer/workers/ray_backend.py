@@ -194,9 +194,8 @@ class RayWorkers:
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
-        self._starting: Optional[list[Any]] = [
-            h.build.remote(cfg, kind.torch_device_type, rendezvous, placement.world_size) for h in self.hosts
-        ]
+        self._starting: Optional[list[Any]] = [h.build.remote(cfg, kind.torch_device_type, rendezvous,
+                                                              placement.world_size) for h in self.hosts]
 
     def __len__(self) -> int:
         return len(self.hosts)
