@@ -12,7 +12,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, ModelConfig
 from ppo_trainer.core.losses import actor_loss
-from ppo_trainer.engine.distributed import barrier, resolve_device
+from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
@@ -42,12 +42,9 @@ class ActorEngine(FSDPEngine):
         self.temperature = temperature
         self.truncation = {"top_k": top_k, "top_p": top_p}
         self.seed = seed
-        # a LoRA base is never updated: stored in the compute dtype it takes half the memory and
-        # FSDP need not cast it before every forward (the adapter stays float32)
-        base_dtype = compute_dtype(cfg.dtype, resolve_device(device).type) if cfg.lora.rank > 0 else torch.float32
         lm = load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
                             trust_remote_code=cfg.trust_remote_code,
-                            gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora, dtype=base_dtype)
+                            gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
         self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
         self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
         super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,

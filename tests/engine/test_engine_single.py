@@ -140,30 +140,6 @@ def test_bfloat16_compute_trains_with_float32_master_weights(tiny_model_dir, bat
     assert all(v.dtype == torch.float32 for v in critic.full_state_dict().values())
 
 
-def test_bfloat16_lora_stores_its_frozen_base_in_bfloat16_and_computes_as_a_float32_base_would(tiny_model_dir, batch):
-    lora = LoraConfig(rank=4, alpha=8)
-    actor = ActorEngine(model_config(tiny_model_dir, dtype="bfloat16", lora=lora), tiny_model_dir, algorithm(),
-                        mini_batch_size=8, temperature=0.7, use_reference=True)
-    trainable = [p for p in actor.module.parameters() if p.requires_grad]
-    frozen = [p for p in actor.module.parameters() if not p.requires_grad]
-    assert trainable and all(p.dtype == torch.float32 for p in trainable)  # the adapter: float32 master weights
-    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
-    initial = actor.compute_logprobs(batch)
-    # a float32 base is cast to bf16 before every forward: the same numbers as a bf16-stored one
-    full = ActorEngine(model_config(tiny_model_dir, dtype="bfloat16"), tiny_model_dir, algorithm(), mini_batch_size=8,
-                       temperature=0.7)
-    assert torch.equal(full.compute_logprobs(batch), initial)
-    assert torch.equal(actor.compute_ref_logprobs(batch), initial)  # zero-initialised B
-    before = {n: p.detach().clone() for n, p in actor.module.named_parameters()}
-    metrics = actor.update(batch.with_fields(old_logprobs=initial))
-    assert metrics["actor/skipped_steps"] == 0
-    changed = {n for n, p in actor.module.named_parameters() if not torch.equal(p.detach(), before[n])}
-    assert changed and all(".lora_" in n for n in changed)
-    assert torch.equal(actor.compute_ref_logprobs(batch), initial)
-    merged = actor.full_state_dict()
-    assert all(".lora_" not in k for k in merged)
-
-
 def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir, batch, tmp_path):
     from ppo_trainer.models.critic import ValueModel
 
