@@ -251,9 +251,6 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
 
 
-# --- Key lookup
-
-
 def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
     """Every dotted key of a schema, mapped to its field type (nested dataclasses expanded)."""
     keys: dict[str, Any] = {}
@@ -308,9 +305,6 @@ def check_value(key: str, value: Any) -> None:
         raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     except (IndexError, KeyError):
         return  # list elements by index are checked when the composed config is validated
-
-
-# --- Validation
 
 
 def to_schema(cfg: DictConfig) -> DictConfig:

@@ -55,6 +55,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, groups: dict[str, WorkerGroup], pad_id: int,
                  train_records: list[PromptRecord], val_records: list[PromptRecord]):
         self.cfg = cfg
+        self.groups = groups
         self.actor, self.critic, self.rollout = groups["actor"], groups["critic"], groups["rollout"]
         self.pad_id = pad_id
         self.val_records = val_records
@@ -73,14 +74,14 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         """Data, reward and resume state are checked before any model loads; then the groups."""
-        from ppo_trainer.models.loading import load_tokenizer, resolve_model_path
+        from ppo_trainer.models.loading import load_tokenizer
         from ppo_trainer.workers.group import build_groups
 
         output_dir = Path(cfg.trainer.output_dir)
         check_output_dir(output_dir, cfg)
         resume_from = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
         resume_state = checkpoint.load_trainer_state(resume_from / "state") if resume_from else None
-        tokenizer = load_tokenizer(resolve_model_path(cfg.model.path))
+        tokenizer = load_tokenizer(cfg.model.path)
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
         load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load
@@ -112,8 +113,7 @@ class Trainer:
             while self.step < last:
                 self.step += 1
                 metrics, samples = self.train_step(self.step)
-                final = self.step == t.total_steps
-                validated = final or (t.val_every and self.step % t.val_every == 0)
+                validated = self.step == t.total_steps or (t.val_every and self.step % t.val_every == 0)
                 if validated:
                     metrics.update(self.validate())
                 tracker.log(self.step, metrics)
@@ -132,8 +132,14 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             tracker.close()
-        print(self.summary(first_step, time.time() - started, objective, objective_step), file=console_stream(),
-              flush=True)
+        best_run = self.best or {}
+        print(run_summary(
+            self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=time.time() - started,
+            objective_name=t.objective, final=(objective_step, objective),
+            best=(best_run.get("step"), best_run.get("value")),
+            best_dir=checkpoint.read_pointer(checkpoint.checkpoints_dir(self.output_dir) / "best"),
+            last_dir=checkpoint.latest_checkpoint(self.output_dir), stopped_by=self._stop_requested,
+        ), file=console_stream(), flush=True)
         return objective
 
     def record_best(self, value: Optional[float]) -> bool:
@@ -146,18 +152,6 @@ class Trainer:
             self.best = {"step": self.step, "value": float(value)}
         return better
 
-    def summary(self, first_step: int, seconds: float, objective: Optional[float],
-                objective_step: Optional[int]) -> str:
-        """The end-of-run block (see `tracking.run_summary`) for this invocation."""
-        t = self.cfg.trainer
-        best = self.best or {}
-        return run_summary(
-            self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=seconds,
-            objective_name=t.objective, final=(objective_step, objective), best=(best.get("step"), best.get("value")),
-            best_dir=checkpoint.read_pointer(checkpoint.checkpoints_dir(self.output_dir) / "best"),
-            last_dir=checkpoint.latest_checkpoint(self.output_dir), stopped_by=self._stop_requested,
-        )
-
     def _request_stop(self, signum: int, _frame: Any) -> None:
         if self._stop_requested is not None:
             raise KeyboardInterrupt  # a second signal: stop now, the last checkpoint stays intact
@@ -167,7 +161,7 @@ class Trainer:
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One PPO step; returns its metrics and a few samples for samples.jsonl."""
-        cfg, timer = self.cfg, _Timer()
+        cfg, a, timer = self.cfg, self.cfg.algorithm, _Timer()
         metrics: dict[str, float] = {}
         with timer("step"):
             prompts = prompt_batch(next(self.loader), self.pad_id)
@@ -181,16 +175,19 @@ class Trainer:
                 if cfg.reward.on_error == "zero":
                     metrics["reward/errors"] = errors
             with timer("old_logprob"):
-                if cfg.algorithm.recompute_old_logprobs:
+                if a.recompute_old_logprobs:
                     old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
                     metrics["actor/entropy"] = masked_mean(entropy, batch.response_mask).item()
                     metrics.update(logprob_gap_metrics(batch.sample_logprobs, old, batch.response_mask))
                 else:
                     old = batch.sample_logprobs
                 batch = batch.with_fields(old_logprobs=old)
-            if cfg.algorithm.recompute_old_logprobs:
-                batch, correction = self.rollout_correction(batch)
-                metrics.update(correction)
+            if a.recompute_old_logprobs:
+                weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
+                                                 a.rollout_correction, a.rollout_correction_cap,
+                                                 a.rollout_correction_low, a.rollout_correction_high)
+                batch = batch.with_fields(rollout_weights=weights)
+                metrics.update({f"rollout_corr/{k}": v.item() for k, v in stats.items()})
             if self.uses_reference:
                 with timer("ref"):
                     batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
@@ -201,7 +198,7 @@ class Trainer:
                 metrics.update(adv_metrics)
             with timer("update_critic"):
                 metrics.update(self.guard_nonfinite("critic", self.critic.run_all("update", batch)[0]))
-            if step > cfg.algorithm.critic_warmup:
+            if step > a.critic_warmup:
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
                 with timer("sync"):
@@ -240,14 +237,6 @@ class Trainer:
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
-
-    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The batch with rollout_weights (`core.rollout_correction`) and the rollout_corr/* metrics."""
-        a = self.cfg.algorithm
-        weights, stats = rollout_weights(batch.old_logprobs, batch.sample_logprobs, batch.response_mask,
-                                         a.rollout_correction, a.rollout_correction_cap, a.rollout_correction_low,
-                                         a.rollout_correction_high)
-        return batch.with_fields(rollout_weights=weights), {f"rollout_corr/{k}": v.item() for k, v in stats.items()}
 
     def sync_rollout_weights(self) -> None:
         """Push the actor's current full weights (LoRA merged) into every rollout replica."""
@@ -289,7 +278,7 @@ class Trainer:
         self.critic.run_all("save", str(staging))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                  "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best}
-        workers = {role: group.run_all("rng_state") for role, group in self._groups().items()}
+        workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
         checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers})
         folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last, best=best)
         log.info("saved %s", folder)
@@ -302,7 +291,7 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
-        for role, group in self._groups().items():  # after the loads: building and loading draw numbers too
+        for role, group in self.groups.items():  # after the loads: building and loading draw numbers too
             saved = rng.get("workers", {}).get(role)
             if saved is not None and len(saved) == len(group):
                 group.run_each("set_rng_state", [(s,) for s in saved])
@@ -316,9 +305,6 @@ class Trainer:
             checkpoint.write_pointer(self.output_dir, "best", self.best["step"])
         self.sync_rollout_weights()
         log.info("resumed from %s (step %d)", folder, self.step)
-
-    def _groups(self) -> dict[str, WorkerGroup]:
-        return {"actor": self.actor, "critic": self.critic, "rollout": self.rollout}
 
     def close(self) -> None:
         for group in (self.rollout, self.critic, self.actor):

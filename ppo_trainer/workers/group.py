@@ -1,18 +1,15 @@
-"""`WorkerGroup`: the replicas of one role behind one API, local (one in this process) or Ray
-(`ray_backend`)."""
+"""`WorkerGroup`: the replicas of one role behind one API, local (one in this process) or Ray."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 from omegaconf import DictConfig
 
 from ppo_trainer.batch import Batch
+from ppo_trainer.workers.devices import ROLES, DeviceKind, detect
 from ppo_trainer.workers.roles import Worker, replica_seed
-
-if TYPE_CHECKING:
-    from ppo_trainer.workers.devices import DeviceKind
 
 
 class Workers(Protocol):
@@ -20,9 +17,7 @@ class Workers(Protocol):
     `args_per_replica[i]`, concurrently, and returns the results by replica."""
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]: ...
-
     def __len__(self) -> int: ...
-
     def shutdown(self) -> None: ...
 
 
@@ -73,17 +68,15 @@ class WorkerGroup:
         return len(self.workers)
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Every replica, same arguments (collective calls: `update` takes the full batch on every
-        rank); results by replica."""
+        """Every replica, same arguments (collectives: `update` takes the full batch on every rank)."""
         return self.workers.call(method, [args] * len(self.workers), kwargs)
 
     def run_each(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
-        """Replica i gets `args_per_replica[i]` (e.g. its own saved state); results by replica."""
+        """Replica i gets `args_per_replica[i]` (e.g. its own saved state)."""
         return self.workers.call(method, list(args_per_replica), {})
 
     def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
-        """The batch's rows dealt across replicas (balanced by tokens), results back in row order;
-        replica i gets `replica_seed(seed, i)`."""
+        """Rows dealt across replicas by tokens, results in row order; replica i gets `replica_seed(seed, i)`."""
         replicas = len(self.workers)
         seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
         if replicas == 1:
@@ -97,11 +90,9 @@ class WorkerGroup:
         self.workers.shutdown()
 
 
-def build_groups(cfg: DictConfig, kind: Optional["DeviceKind"] = None) -> dict[str, WorkerGroup]:
-    """The actor, critic and rollout groups of `cfg`. Local: built in that order in this process,
-    on the device of `kind` (detected unless given). Ray: all roles start concurrently."""
-    from ppo_trainer.workers.devices import ROLES, detect
-
+def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, WorkerGroup]:
+    """The actor, critic and rollout groups of `cfg`, on `kind` (detected unless given). Local: built
+    in that order in this process. Ray: all roles start concurrently."""
     kind = kind or detect(cfg.devices.accelerator)
     if cfg.devices.backend == "ray":
         from ppo_trainer.workers.ray_backend import build_ray_groups

@@ -1,7 +1,5 @@
 """The Ray backend of `WorkerGroup`: one Ray actor per rank, in one placement group per pool
-(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created).
-Actor and critic ranks form one torch.distributed group per role; rollout replicas are independent.
-"""
+(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created)."""
 
 from __future__ import annotations
 
@@ -55,19 +53,14 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator)))
 
 
-def cluster_nodes() -> list[ClusterNode]:
-    """The alive Ray nodes with their free and total resources."""
-    free = available_resources_per_node()
-    return [ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(free.get(n["NodeID"], {})), dict(n["Resources"]))
-            for n in ray.nodes() if n["Alive"]]
-
-
 def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str]) -> dict[int, str]:
     """Plan node -> Ray node id, or PlacementError. A plan that would fit an idle cluster but not
     the resources free right now is retried for FIT_SETTLE_S."""
     deadline = time.monotonic() + FIT_SETTLE_S
     while True:
-        nodes = cluster_nodes()
+        free = available_resources_per_node()
+        nodes = [ClusterNode(n["NodeID"], n["NodeManagerAddress"], dict(free.get(n["NodeID"], {})),
+                             dict(n["Resources"])) for n in ray.nodes() if n["Alive"]]
         try:
             return assign_nodes(placement, kind, nodes, address)
         except PlacementError:
@@ -93,10 +86,6 @@ class PlacementPool:
                 f"{format_resources(bundles[0])}) was not ready after {PLACEMENT_TIMEOUT_S:g} s although the cluster "
                 "reported the resources free; another job may have taken them meanwhile"
             )
-
-    def acquire(self) -> "PlacementPool":
-        self.users += 1
-        return self
 
     def release(self) -> None:
         self.users -= 1
@@ -194,20 +183,19 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The `Workers` of one role on Ray. The constructor launches the actors and their builds; the
-    first `call` waits for them. A call `ray.put`s each distinct argument once (a state dict for
-    every rollout replica is serialised once)."""
+    """The `Workers` of one role on Ray: the constructor launches the builds, the first `call` waits
+    for them. A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
         self.distributed = role in DISTRIBUTED_ROLES
-        self.pool: Optional[PlacementPool] = pool.acquire()
+        self.pool: Optional[PlacementPool] = pool
+        pool.users += 1
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
-        self._starting: Optional[list[Any]] = [
-            h.build.remote(cfg, kind.torch_device_type, rendezvous, placement.world_size) for h in self.hosts
-        ]
+        self._starting: Optional[list[Any]] = [h.build.remote(cfg, kind.torch_device_type, rendezvous,
+                                                              placement.world_size) for h in self.hosts]
 
     def __len__(self) -> int:
         return len(self.hosts)
@@ -234,8 +222,7 @@ class RayWorkers:
                              for h, args in zip(self.hosts, args_per_replica)], method)
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """Results by rank; on the first failure, WorkerError naming the role, the rank and its own
-        error (`root_cause`); a failed process group is killed."""
+        """Results by rank; on a failure, WorkerError (`_fail`)."""
         if self.failure is not None:
             raise WorkerError(f"the {self.role} workers are down after an earlier failure: {self.failure}")
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -258,6 +245,7 @@ class RayWorkers:
         return results
 
     def _fail(self, what: str, failures: list[tuple[int, BaseException]]) -> None:
+        """WorkerError naming the role, the rank and its own error (`root_cause`); kills a failed process group."""
         texts = [_describe(error) for _, error in failures]
         chosen = root_cause(texts)
         (rank, error), others = failures[chosen], len(texts) - 1
@@ -284,11 +272,8 @@ class RayWorkers:
             self.pool = None
 
 
-def build_ray_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, RayWorkers]:
-    """The workers of every role on Ray, placed per `plan_placement(cfg)`: start or join Ray, check
-    that the plan fits, then create the placement groups and all roles' workers concurrently.
-    `kind` overrides the detected accelerator (e.g. fake GPUs computing on CPU in tests)."""
-    kind = kind or detect(cfg.devices.accelerator)
+def build_ray_groups(cfg: DictConfig, kind: DeviceKind) -> dict[str, RayWorkers]:
+    """Every role's workers on `kind`, per `plan_placement(cfg)`, built concurrently once the plan fits."""
     if cfg.sampler.name == "vllm" and cfg.sampler.vllm.tensor_parallel_size > 1:
         raise PlacementError(
             "sampler.vllm.tensor_parallel_size > 1 is not supported with devices.backend=ray yet: each rollout "

@@ -31,8 +31,7 @@ def release_freed_host_memory() -> None:
 
 
 def replica_seed(seed: int, replica: int) -> int:
-    """`seed` itself for replica 0 (a one-replica run samples what it always did), a distinct
-    deterministic seed for the others."""
+    """`seed` for replica 0 (a one-replica run samples what it always did), a distinct one for the others."""
     if replica == 0:
         return seed
     return (seed + replica * 0x9E3779B1) % (2**31 - 1)  # golden-ratio stride: spread, below 2**31
@@ -74,10 +73,9 @@ BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollo
 
 
 class Worker:
-    """One replica of `role`: `call` runs the engine's method, or one of `OWN_METHODS` (the
-    process's RNG state, the checkpoint layout). Actor and critic seed the process twice: before
-    building (every rank builds the same initial weights, e.g. LoRA's A), and after, per rank
-    (`replica_seed`: different dropout masks)."""
+    """One replica of `role`: `call` runs the engine's method, or one of `OWN_METHODS`. Actor and
+    critic seed the process before building (every rank builds the same initial weights, e.g.
+    LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
     OWN_METHODS = ("save", "load", "rng_state", "set_rng_state")
     RELEASE_AFTER = ("update", "sync_weights")  # the calls that free many host tensors
@@ -99,8 +97,7 @@ class Worker:
         return result
 
     def save(self, checkpoint: str) -> None:
-        """HF export into <checkpoint>/<role> (actor with LoRA: also the merged model in
-        actor_merged), resume state into <checkpoint>/state/<role>."""
+        """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state."""
         root = Path(checkpoint)
         merged = (root / "actor_merged",) if self.role == "actor" else ()
         self.engine.save_hf(root / self.role, *merged)
