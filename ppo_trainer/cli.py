@@ -24,13 +24,7 @@ def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     from hydra._internal.utils import get_args_parser
 
     overrides = get_args_parser().parse_intermixed_args(argv).overrides
-    flags, pending = [], list(overrides)
-    for arg in argv:
-        if pending and arg == pending[0]:
-            pending.pop(0)
-        else:
-            flags.append(arg)
-    return flags, overrides
+    return [arg for arg in argv if arg not in overrides], overrides
 
 
 _task_started = False  # tells Hydra's exits (a config error) from our task's
@@ -75,7 +69,13 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
-        print(f"ppo-train: interrupted; {last_checkpoint(Path(cfg.trainer.output_dir))}", file=sys.stderr)
+        from ppo_trainer.checkpoint import complete_steps, step_dir
+
+        output_dir = Path(cfg.trainer.output_dir)
+        steps = complete_steps(output_dir)
+        where = (f"the last complete checkpoint is {step_dir(output_dir, steps[-1])}: rerun to continue" if steps
+                 else "no checkpoint was written yet: a rerun starts over")
+        print(f"ppo-train: interrupted; {where}", file=sys.stderr)
         sys.exit(130)
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
@@ -89,16 +89,6 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
 def _exit(what: str, error: BaseException, code: int) -> NoReturn:
     print(f"{what}: {error}", file=sys.stderr)
     sys.exit(code)
-
-
-def last_checkpoint(output_dir: Path) -> str:
-    """Which checkpoint a rerun of the same command continues from, in words."""
-    from ppo_trainer.checkpoint import checkpoints_dir, complete_steps
-
-    steps = complete_steps(output_dir)
-    if not steps:
-        return "no checkpoint was written yet: a rerun starts over"
-    return f"the last complete checkpoint is {checkpoints_dir(output_dir) / f'global_step_{steps[-1]}'}: rerun to continue"
 
 
 # Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.

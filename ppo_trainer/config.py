@@ -4,6 +4,7 @@ composition. Batch sizes count prompts (x sampler.n sequences), lengths count to
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional, get_origin, get_type_hints
@@ -269,10 +270,8 @@ _KEYS = schema_keys()
 def unknown_key_error(key: str) -> ConfigError:
     """One line for a key the schema does not have, with the nearest valid key."""
     if key.startswith("critic.lora"):
-        return ConfigError(
-            f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
-            "full-parameter. Remove the key (LoRA for the actor is model.lora.rank)."
-        )
+        return ConfigError(f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
+                           "full-parameter. Remove the key (LoRA for the actor is model.lora.rank).")
     parent, _, leaf = key.rpartition(".")
     siblings = sorted(k.rpartition(".")[2] for k in _KEYS if k.rpartition(".")[0] == parent)
     if not siblings:
@@ -284,15 +283,12 @@ def unknown_key_error(key: str) -> ConfigError:
 
 
 def check_key(key: str) -> None:
-    """Raise ConfigError unless the dotted `key` names a schema field or lies in a list/dict field."""
-    if key in _KEYS:
-        return
+    """Raise ConfigError unless the dotted `key` names a schema field or lies in a list/dict field
+    (an element of a list-typed field, e.g. data.train_files.0)."""
     parts = key.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        head = ".".join(parts[:i])
-        if head in _KEYS and get_origin(_KEYS[head]) in (list, dict):
-            return  # an element of a list-typed field, e.g. data.train_files.0
-    raise unknown_key_error(key)
+    heads = (".".join(parts[:i]) for i in range(1, len(parts)))
+    if key not in _KEYS and not any(get_origin(_KEYS.get(head)) in (list, dict) for head in heads):
+        raise unknown_key_error(key)
 
 
 def check_value(key: str, value: Any) -> None:
@@ -305,19 +301,6 @@ def check_value(key: str, value: Any) -> None:
         raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     except (IndexError, KeyError):
         return  # list elements by index are checked when the composed config is validated
-
-
-def to_schema(cfg: DictConfig) -> DictConfig:
-    """The composed config merged into the typed schema; unknown keys and wrong types raise ConfigError."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
-        OmegaConf.resolve(merged)
-    except ConfigKeyError as e:  # a key the schema lacks, e.g. added with `+group.key`
-        raise unknown_key_error(e.full_key) from None
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
-    return merged
 
 
 def kl_in_reward(cfg: DictConfig) -> bool:
@@ -355,10 +338,8 @@ def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
     """The cosine horizon of "actor" or "critic"; the actor sits out algorithm.critic_warmup steps."""
-    ppo_steps = cfg.trainer.total_steps
-    if role == "actor":
-        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
-    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * ppo_steps
+    warmup = cfg.algorithm.critic_warmup if role == "actor" else 0
+    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * max(1, cfg.trainer.total_steps - warmup)
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -392,8 +373,16 @@ _LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
 def validate_static(cfg: DictConfig) -> DictConfig:
-    """Schema, ranges and batch arithmetic, without file or device access: the typed, resolved config."""
-    cfg = to_schema(cfg)
+    """The config merged into the typed schema (unknown keys, wrong types), then ranges and batch
+    arithmetic, without file or device access: the typed, resolved config."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
+        OmegaConf.resolve(cfg)
+    except ConfigKeyError as e:  # a key the schema lacks, e.g. added with `+group.key`
+        raise unknown_key_error(e.full_key) from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
     _one_of(cfg, ("auto", "float32", "bfloat16", "float16"), "model.dtype", "critic.dtype")
@@ -451,9 +440,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
              f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
     for role in ("actor", "critic"):
-        replicas = dev[role].num_devices
-        _require(sizes["sequences_per_mini_batch"] >= replicas, f"devices.{role}.num_devices",
-                 f"({replicas}) exceeds the sequences per mini-batch ({sizes['sequences_per_mini_batch']} = "
+        _require(sizes["sequences_per_mini_batch"] >= dev[role].num_devices, f"devices.{role}.num_devices",
+                 f"({dev[role].num_devices}) exceeds the sequences per mini-batch ({sizes['sequences_per_mini_batch']} = "
                  "algorithm.ppo_mini_batch_size x sampler.n): every replica needs at least one")
 
     if g.kl_ctrl == "adaptive":  # the controller multiplies the coefficient: from 0 it never moves
@@ -463,10 +451,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "set algorithm.use_kl_in_reward=true or gae.kl_ctrl=fixed")
     _require(not (a.use_kl_in_reward and g.kl_coef == 0), "algorithm.use_kl_in_reward",
              "is true but gae.kl_coef=0 puts no KL in the reward; set gae.kl_coef > 0")
-    if a.rollout_correction != "none":
-        _require(a.recompute_old_logprobs, "algorithm.rollout_correction",
-                 f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
-                 "logprobs as the old ones every weight pi_old / pi_rollout is 1; set one of them back")
+    _require(a.rollout_correction == "none" or a.recompute_old_logprobs, "algorithm.rollout_correction",
+             f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
+             "logprobs as the old ones every weight pi_old / pi_rollout is 1; set one of them back")
     _require(a.rollout_correction_cap >= 1, "algorithm.rollout_correction_cap",
              f"must be >= 1 (a cap below 1 truncates on-policy tokens, ratio 1), got {a.rollout_correction_cap}")
     _require(0 < a.rollout_correction_low <= 1, "algorithm.rollout_correction_low",
@@ -518,15 +505,12 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
+_FILE_LIST_KEY = re.compile(r"^(\+*data\.(?:train|val)_files)=([^\[].*)$")  # a single path, not [...]
+
+
 def normalize_overrides(overrides: list[str]) -> list[str]:
     """Accept a single path for the list-typed file keys: `data.val_files=test.jsonl` -> `[test.jsonl]`."""
-    out = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if sep and key.lstrip("+") in ("data.train_files", "data.val_files") and value and not value.startswith("["):
-            override = f"{key}=[{value}]"
-        out.append(override)
-    return out
+    return [_FILE_LIST_KEY.sub(r"\1=[\2]", override) for override in overrides]
 
 
 def check_overrides(overrides: list[str]) -> None:
@@ -587,7 +571,6 @@ def installed_sweepers() -> set[str]:
 
 
 def check_sweeper(name: str) -> None:
-    """Raise ConfigError unless the Hydra sweeper `name` is installed."""
     if name not in installed_sweepers():
         hint = "pip install 'ppo-trainer[optuna]'" if name == "optuna" else "install the Hydra plugin that provides it"
         raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")

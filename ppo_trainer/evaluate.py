@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-from ppo_trainer.config import ConfigError, EvalConfig, compose, validate_static
+from ppo_trainer.config import ConfigError, compose, validate_static
 from ppo_trainer.data import PromptRecord, load_prompts
 from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
@@ -118,10 +118,8 @@ def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Pat
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if run_dir is not None:
-        base = OmegaConf.load(run_dir / "config.yaml").model.path
-    else:
-        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = (OmegaConf.load(run_dir / "config.yaml").model.path if run_dir is not None
+            else json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path"))
     base_dir = resolve_model_path(base)
     logger.info("eval: applying the LoRA adapter %s to its base %s", adapter, base_dir)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
@@ -170,17 +168,16 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         cfg = eval_config(composed, rest, run_dir)
         if run_dir is not None:
             logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
-        eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
         name = cfg.sampler.name if run_dir is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
-                                          max_new_tokens=eval_cfg.max_new_tokens)
-        default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
+                                          max_new_tokens=cfg.eval.max_new_tokens)
+        default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
         for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
             output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
             tokenizer = load_tokenizer(model_dir)
-            records = load_prompts(cfg.data, tokenizer, "val")[: eval_cfg.limit]
+            records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
             if not records:
                 raise ValueError("evaluate: no records to evaluate")
             logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
@@ -190,7 +187,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
             start = time.perf_counter()
             try:
                 result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
-                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=eval_cfg.batch_size,
+                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=cfg.eval.batch_size,
                                           correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
                                           extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
             finally:

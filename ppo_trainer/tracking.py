@@ -103,7 +103,17 @@ class Tracker:
         self.samples_path = output_dir / "samples.jsonl"
         truncate_jsonl(self.metrics_path, start_step)
         truncate_jsonl(self.samples_path, start_step)
-        self._progress = self._start_progress(start_step) if "console" in loggers else None
+        self._progress: Any = None
+        if "console" in loggers:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
+            self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
+                                      redirect_stdout=False, redirect_stderr=False)
+            self._task = self._progress.add_task("steps", total=total_steps, completed=start_step)
+            self._progress.start()
         self._sinks: list[tuple[Callable[[int, dict[str, float]], None], Callable[[], None]]] = []  # (log, close)
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
@@ -125,18 +135,6 @@ class Tracker:
             mlflow.log_params({k: str(v) for k, v in flatten(mask_secrets(config)).items()})
             self._sinks.append((lambda step, m: mlflow.log_metrics({k.replace("/", "."): v for k, v in m.items()},
                                                                    step=step), mlflow.end_run))
-
-    def _start_progress(self, start_step: int) -> Any:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
-        progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
-                            redirect_stdout=False, redirect_stderr=False)
-        self._task = progress.add_task("steps", total=self.total_steps, completed=start_step)
-        progress.start()
-        return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -17,8 +17,6 @@ class PromptLoader:
     def __init__(self, records: Sequence[PromptRecord], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if not records:
             raise ValueError("PromptLoader needs at least one record")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.records, self.batch_size, self.seed, self.shuffle = records, batch_size, seed, shuffle
         self.load_state_dict({"epoch": 0, "position": 0})  # position: records of the epoch already yielded
 
@@ -27,9 +25,6 @@ class PromptLoader:
         if not self.shuffle:
             return np.arange(len(self.records))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
-
-    def __iter__(self) -> Iterator[list[PromptRecord]]:
-        return self
 
     def __next__(self) -> list[PromptRecord]:
         batch = []
