@@ -14,17 +14,9 @@ from typing import NoReturn, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
-                                register_configs)
+                                validate_static)
 
 log = logging.getLogger("ppo_trainer")
-
-
-def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Hydra's flags (with their values) and the overrides, as Hydra's own parser reads them."""
-    from hydra._internal.utils import get_args_parser
-
-    overrides = get_args_parser().parse_intermixed_args(argv).overrides
-    return [arg for arg in argv if arg not in overrides], overrides
 
 
 _task_started = False  # tells Hydra's exits (a config error) from our task's
@@ -34,7 +26,6 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ppo_trainer.config import validate_static
     from ppo_trainer.plan import describe_plan, dtype_summary, environment_problems
 
     global _task_started
@@ -115,9 +106,12 @@ def _remove_if_empty(folder: Path) -> None:
 
 def train_main(argv: Optional[list[str]] = None) -> None:
     """Entry point of `ppo-train`: Hydra app over configs/ppo.yaml, with early config checks."""
+    import hydra
+    from hydra._internal.utils import get_args_parser
+
     argv = sys.argv[1:] if argv is None else argv
-    register_configs()
-    flags, overrides = split_hydra_argv(argv)
+    overrides = get_args_parser().parse_intermixed_args(argv).overrides  # as Hydra's own parser reads them
+    flags = [arg for arg in argv if arg not in overrides]  # Hydra's flags, with their values
     # --info logs through a stdout handler Hydra adds to the root logger: ours would repeat each line
     _quiet_third_party_logs(console=not any(f == "--info" or f.startswith("--info=") for f in flags))
     overrides = normalize_overrides(overrides)
@@ -126,8 +120,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
             check_overrides(overrides)
         except ConfigError as e:
             _exit("ppo-train: config error", e, 2)
-
-    import hydra
 
     task = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")(_run_training)
     sys.argv = [sys.argv[0], *overrides, *flags]  # overrides first: `--info` takes an optional value

@@ -9,6 +9,7 @@ from pathlib import Path
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional, get_origin, get_type_hints
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -245,11 +246,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-def register_configs() -> None:
-    """ppo.yaml lists `ppo_schema` first in its defaults: every group option merges into it."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
+# ppo.yaml lists `ppo_schema` first in its defaults: every group option merges into it.
+ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
 
 
 def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
@@ -311,14 +309,7 @@ def kl_in_reward(cfg: DictConfig) -> bool:
 
 
 def uses_reference(cfg: DictConfig) -> bool:
-    """The reference policy is needed for a KL penalty in the reward or a KL loss."""
     return kl_in_reward(cfg) or cfg.algorithm.use_kl_loss
-
-
-def kl_route(cfg: DictConfig) -> str:
-    """Where the KL to the reference goes: "reward", "loss", "both" or "nowhere"."""
-    reward, loss = kl_in_reward(cfg), cfg.algorithm.use_kl_loss
-    return {(True, False): "reward", (False, True): "loss", (True, True): "both"}.get((reward, loss), "nowhere")
 
 
 def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
@@ -429,6 +420,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(s.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
     _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
     _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
+    _require(cfg.eval.limit is None or cfg.eval.limit >= 1, "eval.limit", "must be >= 1, or null for every row")
 
     sizes = batch_arithmetic(cfg)
     seq_tokens = sizes["max_tokens_per_sequence"]
@@ -563,7 +555,6 @@ def _assigned_values(override: Any) -> list[Any]:
 
 def installed_sweepers() -> set[str]:
     """The hydra/sweeper options Hydra finds: its own `basic` and those of installed plugins."""
-    from hydra.core.config_store import ConfigStore
     from hydra.core.plugins import Plugins
 
     Plugins.instance()  # imports the installed hydra_plugins, which register their sweeper configs
@@ -597,7 +588,6 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
-    register_configs()
     overrides = normalize_overrides(overrides)
     check_overrides(overrides)
     try:

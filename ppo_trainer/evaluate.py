@@ -42,8 +42,6 @@ def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[Promp
     `reward_fn`; the rows go to `output_file` as jsonl if given. Returns accuracy, num_correct,
     mean_score, truncated_fraction, num_examples, output_file."""
     records = list(records)[:limit]
-    if not records:
-        raise ValueError("evaluate: no records to evaluate")
     rows: list[dict[str, Any]] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
@@ -178,8 +176,6 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
             output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
             tokenizer = load_tokenizer(model_dir)
             records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
-            if not records:
-                raise ValueError("evaluate: no records to evaluate")
             logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
             sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
                                     max_prompt_length=max(len(r.prompt_ids) for r in records),

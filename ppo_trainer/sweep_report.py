@@ -64,10 +64,9 @@ def _short(text: Optional[str]) -> str:
     if text is None:
         return "-"
     try:
-        number = float(text)
+        return text if len(text) <= 8 else f"{float(text):.4g}"
     except ValueError:
         return text
-    return text if len(text) <= 8 else f"{number:.4g}"
 
 
 def _read_yaml(path: Path) -> Any:

@@ -66,8 +66,7 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in saved)
+    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in (1, 2))  # restored at the end
     handler = logging.StreamHandler(terminal_err)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -83,11 +82,9 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
         sys.stderr.flush()
         _console = None
         logging.getLogger("ppo_trainer").removeHandler(handler)
-        for fd, saved_fd in zip((1, 2), saved):
-            os.dup2(saved_fd, fd)
-            os.close(saved_fd)
-        terminal.close()
-        terminal_err.close()
+        for fd, stream in zip((1, 2), (terminal, terminal_err)):
+            os.dup2(stream.fileno(), fd)
+            stream.close()
         if log_path.is_file() and log_path.stat().st_size == 0:
             log_path.unlink()
 

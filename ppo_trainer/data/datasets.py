@@ -26,8 +26,6 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt of a split."""
-
     index: int  # the row's position in its source split (0-based; malformed rows keep their number)
     question: str
     prompt: str  # the text the model continues (chat template applied, assistant turn opened)
