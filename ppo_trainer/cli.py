@@ -134,7 +134,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
 
 
 def eval_main(argv: Optional[list[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
     _quiet_third_party_logs()
     parser = argparse.ArgumentParser(
         prog="ppo-eval", description="Greedy accuracy of one or more models on a dataset split.",
@@ -144,7 +143,7 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
                "folder (a checkpoint is evaluated with its run's config.yaml); model.path=[A,B] compares several "
                "on the same problems")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for ppo-train")
-    overrides = parser.parse_args(argv).overrides  # an unknown flag: usage and exit 2
+    overrides = parser.parse_args(argv).overrides  # argv None: sys.argv[1:]; an unknown flag: usage and exit 2
     for arg in overrides:
         if "=" not in arg:
             parser.error(f"'{arg}' is not a key=value override")
@@ -164,9 +163,7 @@ _USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
 
 
 def _engine_log_levels(verbose: bool) -> None:
-    for var, levels in _ENGINE_LOG_LEVELS.items():
-        if var not in _USER_SET:
-            os.environ[var] = levels[verbose]
+    os.environ.update({var: levels[verbose] for var, levels in _ENGINE_LOG_LEVELS.items() if var not in _USER_SET})
 
 
 def _quiet_third_party_logs(console: bool = True) -> None:

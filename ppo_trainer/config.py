@@ -281,8 +281,7 @@ def unknown_key_error(key: str) -> ConfigError:
 
 
 def check_key(key: str) -> None:
-    """Raise ConfigError unless the dotted `key` names a schema field or lies in a list/dict field
-    (an element of a list-typed field, e.g. data.train_files.0)."""
+    """Raise ConfigError unless the dotted `key` is a schema field or in a list/dict one (data.train_files.0)."""
     parts = key.split(".")
     heads = (".".join(parts[:i]) for i in range(1, len(parts)))
     if key not in _KEYS and not any(get_origin(_KEYS.get(head)) in (list, dict) for head in heads):
@@ -364,8 +363,7 @@ _LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
 def validate_static(cfg: DictConfig) -> DictConfig:
-    """The config merged into the typed schema (unknown keys, wrong types), then ranges and batch
-    arithmetic, without file or device access: the typed, resolved config."""
+    """The typed, resolved config; checks types, ranges and batch arithmetic, without file or device access."""
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
         OmegaConf.resolve(cfg)
@@ -432,8 +430,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
              f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
     for role in ("actor", "critic"):
-        _require(sizes["sequences_per_mini_batch"] >= dev[role].num_devices, f"devices.{role}.num_devices",
-                 f"({dev[role].num_devices}) exceeds the sequences per mini-batch ({sizes['sequences_per_mini_batch']} = "
+        replicas = dev[role].num_devices
+        _require(sizes["sequences_per_mini_batch"] >= replicas, f"devices.{role}.num_devices",
+                 f"({replicas}) exceeds the sequences per mini-batch ({sizes['sequences_per_mini_batch']} = "
                  "algorithm.ppo_mini_batch_size x sampler.n): every replica needs at least one")
 
     if g.kl_ctrl == "adaptive":  # the controller multiplies the coefficient: from 0 it never moves

@@ -79,7 +79,6 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
     model, a checkpoint's actor folder, a `global_step_N` folder (its merged LoRA export, else its
     actor), a pointer file or a run folder (its latest checkpoint). An adapter is merged under `scratch`."""
     local = Path(path).expanduser()
-    step_folder: Optional[Path] = None
     actor: Optional[Path] = None
     if local.is_file() and local.parent.name == "checkpoints":  # checkpoints/latest or checkpoints/best
         step_folder = read_pointer(local)
@@ -91,9 +90,9 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
         step_folder = local
     elif local.is_dir() and STEP_DIR.match(local.parent.name):
         step_folder, actor = local.parent, local
-    if step_folder is None:
-        if (local / "adapter_config.json").is_file():
-            return _merge_adapter(local, None, scratch), None, None
+    elif (local / "adapter_config.json").is_file():
+        return _merge_adapter(local, None, scratch), None, None
+    else:
         return resolve_model_path(path), None, None
 
     run_dir = step_folder.parent.parent
@@ -110,8 +109,7 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
 
 
 def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Path:
-    """The LoRA adapter merged into its base (the run's model.path, else the adapter's
-    base_model_name_or_path), saved as a model folder."""
+    """The LoRA adapter merged into its base model, saved as a model folder under `scratch`."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -139,8 +137,7 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
-    """The run's config.yaml with each key or group that `overrides` name taken from `composed`;
-    without a run, `composed` itself."""
+    """The run's config.yaml with each key or group that `overrides` name taken from `composed`."""
     if run_dir is None:
         return composed
     cfg = OmegaConf.load(run_dir / "config.yaml")

@@ -43,7 +43,8 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
 def algorithm_lines(cfg: DictConfig) -> list[str]:
     """The KL terms, the lambdas of the two learners and the rollout correction, as the run uses them."""
     g, a, in_reward = cfg.gae, cfg.algorithm, kl_in_reward(cfg)
-    route = {(True, False): "reward", (False, True): "loss", (True, True): "both"}.get((in_reward, a.use_kl_loss), "nowhere")
+    routes = {(True, False): "reward", (False, True): "loss", (True, True): "both"}  # (in the reward, in the loss)
+    route = routes.get((in_reward, a.use_kl_loss), "nowhere")
     kl_keys = ["gae.kl_coef"] if in_reward else []
     if a.use_kl_loss:
         kl_keys.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")

@@ -106,8 +106,6 @@ def split_overrides(runs: list[Run]) -> list[str]:
 
 @dataclass
 class Report:
-    """The sweep's runs, sorted, with what is needed to print them."""
-
     sweep_dir: Path
     runs: list[Run]
     objective: str
@@ -220,7 +218,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     "report.csv) and the validation-accuracy curves (val_accuracy.png), written into SWEEP_DIR.")
     parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR",
                         help="the folder of one sweep, e.g. multirun/smoke/2026-01-31_12-00-00")
-    sweep_dir = parser.parse_args(sys.argv[1:] if argv is None else argv).sweep_dir
+    sweep_dir = parser.parse_args(argv).sweep_dir  # argv None: sys.argv[1:]
     try:
         report = build_report(sweep_dir)
     except FileNotFoundError as e:

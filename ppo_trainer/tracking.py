@@ -222,11 +222,9 @@ def metric_series(records: list[dict[str, Any]], metric: str) -> list[tuple[int,
 
 def as_number(value: Any) -> Optional[float]:
     """A metric value as a float: numbers, and the strings `_plain` writes for non-finite ones."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
-        return float(value)
-    return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    non_finite = isinstance(value, str) and value.lower() in ("nan", "inf", "-inf")
+    return float(value) if number or non_finite else None
 
 
 def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
@@ -265,10 +263,8 @@ def _plain(value: Any) -> Any:
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """A nested dict as {dotted key: leaf}; an empty dict is a leaf, anything but a dict is {}."""
-    if not isinstance(d, dict):
-        return {}
     out: dict[str, Any] = {}
-    for key, value in d.items():
+    for key, value in d.items() if isinstance(d, dict) else []:
         if isinstance(value, dict) and value:
             out.update(flatten(value, f"{prefix}{key}."))
         else:

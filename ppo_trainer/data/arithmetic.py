@@ -114,11 +114,10 @@ def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]]
         question, row, held_out = draw(rng)
         if held_out != want_val or (want_val and question in seen):
             misses += 1
-            continue
-        misses = 0
-        if want_val:
+        else:
+            misses = 0
             seen.add(question)
-        rows.append(row)
+            rows.append(row)
     if len(rows) < size:
         raise ValueError(f"data.{source}: found only {len(rows)} {what} of the {size} asked for; "
                          f"raise data.{source}.{key} or lower data.{source}.val_size")
