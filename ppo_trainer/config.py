@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
@@ -253,12 +253,10 @@ ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
 def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
     """Every dotted key of a schema, mapped to its field type (nested dataclasses expanded)."""
     keys: dict[str, Any] = {}
-    hints = get_type_hints(schema)
-    for f in fields(schema):
-        key = f"{prefix}{f.name}"
-        keys[key] = hints[f.name]
-        if is_dataclass(hints[f.name]):
-            keys.update(schema_keys(hints[f.name], prefix=f"{key}."))
+    for name, hint in get_type_hints(schema).items():
+        keys[prefix + name] = hint
+        if is_dataclass(hint):
+            keys.update(schema_keys(hint, prefix=f"{prefix}{name}."))
     return keys
 
 
@@ -290,8 +288,6 @@ def check_key(key: str) -> None:
 
 def check_value(key: str, value: Any) -> None:
     """Raise ConfigError if `value` cannot be assigned to the schema field `key` (type check only)."""
-    if not OmegaConf.is_config(value) and isinstance(value, (dict, list)):
-        value = OmegaConf.create(value)
     try:
         OmegaConf.update(OmegaConf.structured(PPOConfig), key, value, merge=True)
     except OmegaConfBaseException as e:
@@ -568,8 +564,7 @@ def check_sweeper(name: str) -> None:
 
 def check_sweep_file(name: str) -> None:
     """configs/sweep/NAME.yaml: its sweeper is installed, its hydra.sweeper.params pass check_overrides."""
-    path = CONFIG_DIR / "sweep" / f"{name}.yaml"
-    sweep = OmegaConf.to_container(OmegaConf.load(path))
+    sweep = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "sweep" / f"{name}.yaml"))
     for entry in sweep.get("defaults") or []:
         for group, option in entry.items() if isinstance(entry, dict) else []:
             if group.split()[-1].strip("/") == "hydra/sweeper":
@@ -583,8 +578,7 @@ def check_sweep_file(name: str) -> None:
 
 def compose(overrides: list[str]) -> DictConfig:
     """Compose and statically validate a config without Hydra's run machinery (tests, ppo-eval)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
 
     overrides = normalize_overrides(overrides)

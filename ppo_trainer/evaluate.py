@@ -194,8 +194,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
 def format_results(results: list[dict[str, Any]], reward_mode: str) -> str:
     """One line for one model; a table (one row per model) for several."""
     def interval(r: dict[str, Any]) -> str:
-        low, high = wilson_interval(r["num_correct"], r["num_examples"])
-        return f"{low:.3f}-{high:.3f}"
+        return "{:.3f}-{:.3f}".format(*wilson_interval(r["num_correct"], r["num_examples"]))
 
     def model(r: dict[str, Any]) -> str:
         return r["model"] if r["step"] is None else f"{r['model']} (step {r['step']})"

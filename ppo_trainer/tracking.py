@@ -228,7 +228,7 @@ def as_number(value: Any) -> Optional[float]:
 
 
 def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
-         size: tuple[float, float]) -> Path:
+         size: tuple[float, float]) -> None:
     """Curves against step: panels of (title, [(label or None, points)]), each `size` inches."""
     import matplotlib
 
@@ -250,7 +250,6 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
-    return out
 
 
 def _plain(value: Any) -> Any:

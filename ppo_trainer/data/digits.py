@@ -40,5 +40,4 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
         held_out = length == cfg.length and in_val_pool(digits)
         return digits, {"question": f"{digits}=", "answer": digits[::-1]}, held_out
 
-    return draw_split(draw, want_val, cfg.seed, cfg.val_size if want_val else cfg.train_size, "digits",
-                      f"distinct held-out strings of {cfg.length} digits", "length")
+    return draw_split(draw, cfg, split, "digits", f"distinct held-out strings of {cfg.length} digits", "length")
