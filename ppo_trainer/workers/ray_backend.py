@@ -107,26 +107,14 @@ class WorkerHost:
         self.ray_resource, self.visible_env = ray_resource, visible_env
         self.worker: Any = None
 
-    def _device_ids(self) -> list[str]:
-        return ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource, [])
-
     def device_index(self) -> int:
         """Index, among the devices this process sees, of the device Ray assigned to it."""
-        ids = self._device_ids()
+        ids = ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource, [])
         visible = os.environ.get(self.visible_env or "", "")
         if not ids or not visible:
             return int(ids[0]) if ids else 0
         order = [v.strip() for v in visible.split(",")]
         return order.index(ids[0]) if ids[0] in order else 0
-
-    def node_info(self) -> dict[str, Any]:
-        """Where this worker runs: Ray node id and address, pid, devices, distributed env vars."""
-        return {
-            "role": self.role, "rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
-            "address": ray.util.get_node_ip_address(), "pid": os.getpid(), "device_ids": self._device_ids(),
-            "visible_devices": os.environ.get(self.visible_env) if self.visible_env else None,
-            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
-        }
 
     def rendezvous(self) -> tuple[str, int]:
         """(address, free port) of this node for the process group's store (rank 0 only)."""
@@ -183,7 +171,7 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The `Workers` of one role on Ray: the constructor launches the builds, the first `call` waits
+    """The workers of one role on Ray: the constructor launches the builds, the first `call` waits
     for them. A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):

@@ -96,16 +96,18 @@ def test_folder_without_config_is_rejected(tmp_path: Path) -> None:
         resolve_model_path(str(tmp_path))
 
 
-def test_uncached_hub_name_offline_fails_with_one_line() -> None:
+def test_uncached_hub_name_offline_fails_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelPathError) as err:
-        resolve_model_path("someone/not-a-cached-model", offline=True)
+        resolve_model_path("someone/not-a-cached-model")
     assert "neither a local folder nor in the Hugging Face cache, and the hub is offline" in str(err.value)
     assert "\n" not in str(err.value)
 
 
-def test_smollm2_hub_name_offline_suggests_the_embedded_copy() -> None:
+def test_smollm2_hub_name_offline_suggests_the_embedded_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelPathError, match="use model.path=embedded:smollm2-135m-instruct"):
-        resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct", offline=True)
+        resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 def test_hub_offline_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -71,3 +71,24 @@ def ray_overrides(address: str, colocate: bool = False, **roles: int) -> list[st
            f"devices.colocate={str(colocate).lower()}", f"devices.ray.address={address}"]
     out += [f"devices.{role}.num_devices={n}" for role, n in roles.items()]
     return out
+
+
+def node_info(hosts: list) -> list[dict[str, Any]]:
+    """Where each `WorkerHost` actor runs: Ray node id and address, pid, devices, distributed env vars."""
+    import ray
+
+    def report(host) -> dict[str, Any]:  # nested: cloudpickle ships it by value into the actor
+        import os
+
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "role": host.role, "rank": host.rank, "node_id": context.get_node_id(),
+            "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
+            "device_ids": context.get_accelerator_ids().get(host.ray_resource, []),
+            "visible_devices": os.environ.get(host.visible_env) if host.visible_env else None,
+            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
+        }
+
+    return ray.get([h.__ray_call__.remote(report) for h in hosts])

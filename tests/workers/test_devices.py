@@ -14,7 +14,6 @@ from ppo_trainer.workers.devices import (
     ClusterNode,
     PlacementError,
     assign_nodes,
-    colocated_share,
     detect,
     plan_placement,
     ray_init_kwargs,
@@ -89,7 +88,7 @@ def test_colocated_preset_shares_8_devices_rank_i_of_every_role_on_device_i():
     for role in ("actor", "critic", "rollout"):
         assert p.roles[role].bundles == tuple(range(8))
         assert p.roles[role].share == 0.33
-    assert colocated_share(3) * 3 <= 1.0
+    assert p.roles["actor"].share * 3 <= 1.0
     assert (p.num_devices, p.num_nodes, p.num_workers) == (8, 1, 24)
 
 

@@ -12,7 +12,7 @@ import pytest
 from ppo_trainer.config import compose
 from ppo_trainer.workers.devices import PlacementError, detect, plan_placement
 
-from .conftest import ray_overrides
+from .conftest import node_info, ray_overrides
 
 ray = pytest.importorskip("ray")
 
@@ -23,7 +23,7 @@ def live_placement_groups() -> int:
 
 @contextmanager
 def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
-    """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's node_info."""
+    """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's `node_info`."""
     from ppo_trainer.workers.ray_backend import PlacementPool, fit_on_cluster, spawn_hosts, start_ray
 
     start_ray(cfg, kind)
@@ -32,7 +32,7 @@ def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
     pools = {p.name: PlacementPool(p, kind, node_ids) for p in placement.pools}
     hosts = {r: spawn_hosts(r, kind, placement.roles[r], pools[placement.roles[r].pool]) for r in placement.roles}
     try:
-        yield {r: ray.get([h.node_info.remote() for h in hs]) for r, hs in hosts.items()}
+        yield {r: node_info(hs) for r, hs in hosts.items()}
     finally:
         for hs in hosts.values():
             for h in hs:
