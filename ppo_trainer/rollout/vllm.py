@@ -1,5 +1,5 @@
 """Rollouts with a vLLM engine that stays up for the whole run; weights are pushed into it live.
-vLLM is imported only when a `VllmSampler` is built."""
+vLLM is imported only when a `VllmSampler` is built (a vLLM worker imports this module too)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Any, Optional
 
+import safetensors.torch
 import torch
 
 from ppo_trainer.batch import Batch
@@ -26,6 +27,19 @@ def check_vllm_available() -> Optional[str]:
     if importlib.util.find_spec("vllm") is None:
         return f"sampler.name=vllm needs vLLM, which is not installed: {INSTALL_HINT}, or use sampler=hf"
     return None
+
+
+class WeightSyncExtension:
+    """vLLM's `worker_extension_cls`: methods run inside each vLLM worker (`self` is the worker),
+    called through `LLM.collective_rpc`."""
+
+    def ppo_load_weights(self, blob: bytes) -> int:
+        """Reload all weights from a safetensors blob (HF names); returns their count. `reload_weights`
+        repeats the loader's post-processing (the CPU backend's repacking); bytes, not tensors, cross
+        the process boundary (tensors arrive as lists in multi-process mode)."""
+        state = safetensors.torch.load(blob)
+        self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        return len(state)
 
 
 class VllmSampler:
@@ -59,7 +73,7 @@ class VllmSampler:
             logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
-            generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm_worker.WeightSyncExtension",
+            generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
             trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
         )
         if on_cpu:
@@ -107,9 +121,7 @@ class VllmSampler:
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        import safetensors.torch
-
-        blob = safetensors.torch.save(safetensors_ready(state_dict, self.dtype))  # bytes: see vllm_worker
+        blob = safetensors.torch.save(safetensors_ready(state_dict, self.dtype))  # bytes: see WeightSyncExtension
         self.llm.collective_rpc("ppo_load_weights", args=(blob,))
         self.llm.reset_prefix_cache()
 

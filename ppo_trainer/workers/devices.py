@@ -58,14 +58,13 @@ KINDS: dict[str, DeviceKind] = {
 
 def detect(accelerator: str = "auto") -> DeviceKind:
     """The `DeviceKind` of `devices.accelerator`; "auto": cuda, else npu if torch sees one, else cpu."""
-    name = accelerator
-    if name == "auto":
+    if accelerator == "auto":
         import torch
 
-        name = "cuda" if torch.cuda.is_available() else "npu" if local_device_count("npu") > 0 else "cpu"
-    if name not in KINDS:
-        raise ValueError(f"devices.accelerator is {name!r}; allowed values: cpu, cuda, npu, auto")
-    return KINDS[name]
+        accelerator = "cuda" if torch.cuda.is_available() else "npu" if local_device_count("npu") > 0 else "cpu"
+    if accelerator not in KINDS:
+        raise ValueError(f"devices.accelerator is {accelerator!r}; allowed values: cpu, cuda, npu, auto")
+    return KINDS[accelerator]
 
 
 def local_device_count(name: str) -> int:
@@ -146,11 +145,10 @@ class Pool:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Rank r of a role occupies bundle `bundles[r]` of pool `pool`, i.e. device `ranks[r]`
-    = (plan node, local device index), taking `share` of it."""
+    """Rank r of a role occupies bundle r of pool `pool`, i.e. device `ranks[r]` = (plan node,
+    local device index), taking `share` of it."""
 
     pool: str
-    bundles: tuple[int, ...]
     ranks: tuple[tuple[int, int], ...]
     share: float  # 1.0 for a separate pool; a fraction when colocated roles share the device
 
@@ -204,17 +202,17 @@ def plan_placement(cfg: DictConfig) -> Placement:
     counts = {role: int(dev[role].num_devices) for role in ROLES}
     per_node = int(dev.devices_per_node)
     if dev.backend == "local":
-        roles = {r: RolePlacement(SHARED_POOL, (0,), ((0, 0),), 1.0) for r in ROLES}
+        roles = {r: RolePlacement(SHARED_POOL, ((0, 0),), 1.0) for r in ROLES}
         return Placement("local", per_node, (Pool(SHARED_POOL, ROLES, ((0, 0),)),), roles)
     free: list[int] = []
     if dev.colocate:
         slots = tuple(_first_fit(free, max(counts.values()), per_node))
         pools: tuple[Pool, ...] = (Pool(SHARED_POOL, ROLES, slots),)
         share = math.floor(100 / len(ROLES)) / 100  # 1/n rounded down to 0.01, so the n roles fit in one device
-        roles = {r: RolePlacement(SHARED_POOL, tuple(range(counts[r])), slots[: counts[r]], share) for r in ROLES}
+        roles = {r: RolePlacement(SHARED_POOL, slots[: counts[r]], share) for r in ROLES}
     else:
         pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in ROLES)
-        roles = {p.name: RolePlacement(p.name, tuple(range(len(p.slots))), p.slots, 1.0) for p in pools}
+        roles = {p.name: RolePlacement(p.name, p.slots, 1.0) for p in pools}
     return Placement("ray", per_node, pools, roles)
 
 
@@ -261,7 +259,7 @@ def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
             share = format_resources(worker_resources(kind, r.share))
             sleeps = " (its engine sleeps while actor and critic train)" if role == "rollout" else ""
             lines.append(f"    {role:8s} {r.world_size} worker{'s' if r.world_size > 1 else ''}, rank i on "
-                         f"bundle i (bundles {_ranges(r.bundles)}), each {share}{sleeps}")
+                         f"bundle i (bundles {_ranges(range(r.world_size))}), each {share}{sleeps}")
     return lines
 
 

@@ -86,8 +86,8 @@ def node_info(hosts: list) -> list[dict[str, Any]]:
         return {
             "role": host.role, "rank": host.rank, "node_id": context.get_node_id(),
             "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
-            "device_ids": context.get_accelerator_ids().get(host.ray_resource, []),
-            "visible_devices": os.environ.get(host.visible_env) if host.visible_env else None,
+            "device_ids": context.get_accelerator_ids().get(host.kind.ray_resource, []),
+            "visible_devices": os.environ.get(host.kind.visible_env) if host.kind.visible_env else None,
             "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
         }
 

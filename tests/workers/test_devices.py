@@ -86,7 +86,7 @@ def test_colocated_preset_shares_8_devices_rank_i_of_every_role_on_device_i():
     (pool,) = p.pools
     assert pool.roles == ("actor", "critic", "rollout") and len(pool.slots) == 8
     for role in ("actor", "critic", "rollout"):
-        assert p.roles[role].bundles == tuple(range(8))
+        assert p.roles[role].ranks == pool.slots  # rank i on bundle i
         assert p.roles[role].share == 0.33
     assert p.roles["actor"].share * 3 <= 1.0
     assert (p.num_devices, p.num_nodes, p.num_workers) == (8, 1, 24)
