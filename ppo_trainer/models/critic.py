@@ -50,8 +50,7 @@ class ValueModel(nn.Module):
                              "(merge the adapter into its base model first)")
         kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
         head = None
-        config = path / "config.json"
-        architectures = (json.loads(config.read_text()).get("architectures") or []) if config.is_file() else []
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
         if any(a.endswith("ForTokenClassification") for a in architectures):
             classifier = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
             backbone, head = getattr(classifier, classifier.base_model_prefix), classifier.score
@@ -93,8 +92,7 @@ class ValueModel(nn.Module):
         `dtype` casts the backbone (the head is always saved in float32)."""
         from safetensors.torch import save_file
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = Path(folder)  # save_hf_weights creates it
         state = self.state_dict() if state_dict is None else state_dict
         backbone = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
         head = {k[len("value_head.") :]: v.float().contiguous() for k, v in state.items()

@@ -60,7 +60,6 @@ def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(**special_ids)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder)  # creates the folder
     tokenizer.save_pretrained(folder)
     return folder

@@ -51,8 +51,7 @@ class VllmSampler:
     def __init__(self, model_dir: str | Path, cfg: SamplerConfig, *, dtype: str = "bfloat16", seed: int = 0,
                  max_model_len: Optional[int] = None, enable_sleep: bool = False,
                  trust_remote_code: bool = False) -> None:
-        problem = check_vllm_available()
-        if problem:
+        if problem := check_vllm_available():
             raise ImportError(problem)
         import vllm
         from vllm.platforms import current_platform
@@ -80,11 +79,11 @@ class VllmSampler:
             kwargs["kv_cache_memory_bytes"] = int(v.cpu_kv_cache_gb * 2**30)
             # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
             # generator, which CPU generators cannot do ("CPU Generator does not use offset").
-            # Unchunked prefill needs a step budget of at least one whole sequence.
+            # Unchunked prefill needs a step budget of at least one whole sequence (by default
+            # max_model_len = the model's max_position_embeddings).
             kwargs["enable_chunked_prefill"] = False
-            config = Path(model_dir) / "config.json"  # its max_position_embeddings: vLLM's default max_model_len
-            default_len = json.loads(config.read_text()).get("max_position_embeddings", 0) if config.is_file() else 0
-            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(default_len))
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(config.get("max_position_embeddings", 0)))
         else:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
         if v.tensor_parallel_size == 1:

@@ -3,7 +3,6 @@ pure pieces shared by the dry-run plan and the backends (importing this module n
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 import os
@@ -28,7 +27,7 @@ class PlacementError(RuntimeError):
 @dataclass(frozen=True)
 class DeviceKind:
     """How one accelerator is named by torch, Ray and the launcher; `torch_device_type` and
-    `dist_backend` differ from `name` only after `computing_on("cpu")` (fake GPUs in tests)."""
+    `dist_backend` differ from `name` only for the tests' fake GPUs (placed as GPUs, computing on CPU)."""
 
     name: str  # "cuda" | "npu" | "cpu"
     torch_device_type: str  # "cuda" | "npu" | "cpu"
@@ -43,10 +42,6 @@ class DeviceKind:
     def count(self, n: float) -> str:
         """"4 GPUs", "1 NPU", "0.33 GPU"."""
         return f"{n:g} {self.label}{'' if n == 1 else 's'}"
-
-    def computing_on(self, device_type: str) -> "DeviceKind":
-        """The same placement, with the workers computing on `device_type` ("cpu" for tests)."""
-        return dataclasses.replace(self, torch_device_type=device_type, dist_backend=KINDS[device_type].dist_backend)
 
 
 KINDS: dict[str, DeviceKind] = {

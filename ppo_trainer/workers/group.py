@@ -40,11 +40,10 @@ def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]]) -> Any:
     inverse = torch.argsort(order)
     if isinstance(kept[0], Batch):
         return Batch.concat(kept).select(inverse)
-    if isinstance(kept[0], torch.Tensor):
-        width = max(r.shape[1] for r in kept) if kept[0].dim() > 1 else None
-        padded = [r if width is None else torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in kept]
-        return torch.cat(padded)[inverse]
-    raise TypeError(f"cannot merge results of type {type(kept[0]).__name__}")
+    if kept[0].dim() > 1:  # [rows, T] trimmed to each replica's longest response: pad to the widest
+        width = max(r.shape[1] for r in kept)
+        kept = [torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in kept]
+    return torch.cat(kept)[inverse]
 
 
 class WorkerGroup:
@@ -74,8 +73,7 @@ class WorkerGroup:
             return self.workers.call(method, [(batch, *args, *seeds[0])], kwargs)[0]
         parts = batch.deal(replicas)
         shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
-        results = self.workers.call(method, shards, kwargs)
-        return merge_rows(results, parts)
+        return merge_rows(self.workers.call(method, shards, kwargs), parts)
 
     def shutdown(self) -> None:
         self.workers.shutdown()

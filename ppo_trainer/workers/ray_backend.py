@@ -171,8 +171,8 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The workers of one role on Ray: the constructor launches the builds, the first `call` waits
-    for them. A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
+    """The workers of one role on Ray: the constructor launches the builds, `ready` waits for them.
+    A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
@@ -182,20 +182,16 @@ class RayWorkers:
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
-        self._starting: Optional[list[Any]] = [h.build.remote(cfg, rendezvous, placement.world_size)
-                                               for h in self.hosts]
+        self.starting = [h.build.remote(cfg, rendezvous, placement.world_size) for h in self.hosts]
 
     def __len__(self) -> int:
         return len(self.hosts)
 
     def ready(self) -> None:
         """Wait until every rank has built its worker."""
-        if self._starting is not None:
-            refs, self._starting = self._starting, None
-            self._gather(refs, "start")
+        self._gather(self.starting, "start")
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
-        self.ready()
         refs: dict[int, Any] = {}
 
         def put(value: Any) -> Any:

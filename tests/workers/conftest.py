@@ -3,11 +3,12 @@
 Node "a" (the head) has 2 fake GPUs; node "b" has 2 fake GPUs and 2 fake NPUs. Tests join it
 through `devices.ray.address` (the code path of a user's existing cluster) and plan with
 `devices.devices_per_node=2`. Workers place on the fake devices but compute on CPU
-(`DeviceKind.computing_on("cpu")`): Ray still sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES.
+(`computing_on_cpu`): Ray still sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from ppo_trainer.workers.devices import DeviceKind
 
 NODE_CPUS = 4
 NODE_GPUS = 2
@@ -63,6 +66,11 @@ def ray_cluster() -> Iterator[str]:
             cluster.shutdown()
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def computing_on_cpu(kind: DeviceKind) -> DeviceKind:
+    """`kind`'s placement (Ray resource, visible-devices variable) with the workers computing on CPU over gloo."""
+    return dataclasses.replace(kind, torch_device_type="cpu", dist_backend="gloo")
 
 
 def ray_overrides(address: str, colocate: bool = False, **roles: int) -> list[str]:

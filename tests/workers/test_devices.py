@@ -19,6 +19,8 @@ from ppo_trainer.workers.devices import (
     ray_init_kwargs,
 )
 
+from .conftest import computing_on_cpu
+
 
 def test_explicit_accelerators_map_to_ray_resource_visible_variable_and_backend():
     cuda = detect("cuda")
@@ -43,7 +45,7 @@ def test_auto_detects_cpu_on_this_machine_and_rejects_unknown_names():
 
 
 def test_computing_on_cpu_keeps_the_ray_resource_and_switches_to_gloo():
-    kind = detect("cuda").computing_on("cpu")
+    kind = computing_on_cpu(detect("cuda"))
     assert (kind.ray_resource, kind.visible_env) == ("GPU", "CUDA_VISIBLE_DEVICES")
     assert (kind.torch_device_type, kind.dist_backend) == ("cpu", "gloo")
 
