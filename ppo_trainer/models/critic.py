@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -99,11 +99,10 @@ class ValueModel(nn.Module):
                 if k.startswith("value_head.")}
         classifier = token_classifier_class(self.backbone.config)
         if classifier is not None:
-            config = copy.deepcopy(self.backbone.config)
-            config.architectures = [classifier.__name__]
-            config.num_labels = 1
-            save_hf_weights(folder, config, {f"{classifier.base_model_prefix}.{k}": v for k, v in backbone.items()},
-                            dtype, keep_dtype={f"score.{k}": v for k, v in head.items()})
+            save_hf_weights(folder, self.backbone.config,
+                            {f"{classifier.base_model_prefix}.{k}": v for k, v in backbone.items()}, dtype,
+                            keep_dtype={f"score.{k}": v for k, v in head.items()},
+                            architectures=[classifier.__name__], num_labels=1)
             return
         save_hf_weights(folder, self.backbone.config, backbone, dtype)
         save_file(head, folder / VALUE_HEAD_WEIGHTS)
@@ -134,15 +133,14 @@ def safetensors_ready(state: dict[str, torch.Tensor], dtype: Optional[torch.dtyp
     return out
 
 
-def save_hf_weights(folder: Path, config: object, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
-                    keep_dtype: Optional[dict[str, torch.Tensor]] = None) -> None:
-    """config.json + model.safetensors for `state` (HF key names), floats cast to `dtype`; the
-    tensors of `keep_dtype` are added as they are (e.g. a float32 head)."""
+def save_hf_weights(folder: Path, config: Any, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
+                    keep_dtype: Optional[dict[str, torch.Tensor]] = None, **config_updates: Any) -> None:
+    """config.json (a copy of `config` with `config_updates`) + model.safetensors for `state` (HF key
+    names), floats cast to `dtype`; the tensors of `keep_dtype` are added as they are (e.g. a float32 head)."""
     from safetensors.torch import save_file
 
     config = copy.deepcopy(config)
-    if dtype is not None:
-        config.dtype = dtype
+    config.update(config_updates if dtype is None else {**config_updates, "dtype": dtype})
     config.save_pretrained(folder)
     tensors = {**safetensors_ready(state, dtype), **safetensors_ready(keep_dtype or {})}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

@@ -139,8 +139,7 @@ def _cached_snapshot(name: str) -> Optional[Path]:
 
 
 def _hub_model(name: str) -> Path:
-    cached = _cached_snapshot(name)
-    if cached is not None:
+    if (cached := _cached_snapshot(name)) is not None:
         return cached
     from huggingface_hub import snapshot_download
 

@@ -21,6 +21,5 @@ def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bf
     if cfg.name == "hf":
         return HFSampler(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype, device=device,
                          trust_remote_code=trust_remote_code)
-    max_len = None if max_prompt_length is None else max_prompt_length + cfg.max_new_tokens
-    return VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, max_model_len=max_len, enable_sleep=colocate,
-                       trust_remote_code=trust_remote_code)
+    return VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, enable_sleep=colocate, trust_remote_code=trust_remote_code,
+                       max_model_len=None if max_prompt_length is None else max_prompt_length + cfg.max_new_tokens)

@@ -81,8 +81,7 @@ class HFSampler:
         for r, ids in enumerate(responses):
             end, stopped = self._response_end(ids)
             responses[r], logprobs[r] = ids[:end], logprobs[r][:end]
-            text = self.tokenizer.decode(responses[r], skip_special_tokens=True)
-            texts.append(cut_at_stop(text, self.cfg.stop)[0])
+            texts.append(cut_at_stop(self.tokenizer.decode(responses[r], skip_special_tokens=True), self.cfg.stop)[0])
             truncated.append(not stopped)
         return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
 
@@ -117,21 +116,16 @@ class HFSampler:
         return generated.cpu().tolist(), token_logprobs.cpu().tolist()
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
-        """(length of the real response, whether it ended on EOS or a stop string)."""
+        """(length of the real response, whether it ended on EOS or a stop string). A stop string
+        ends it at the token whose decoding first completes one: the shortest prefix before EOS that
+        holds one, by bisection (a prefix that holds one keeps holding it as it grows)."""
         eos_at = None if self.cfg.ignore_eos else next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
-        stop_at = self._stop_token_index(ids if eos_at is None else ids[:eos_at])
-        if stop_at is not None:
-            return stop_at + 1, True
+        head = ids if eos_at is None else ids[:eos_at]
+        if self.cfg.stop:
+            def holds_stop(k: int) -> bool:
+                return cut_at_stop(self.tokenizer.decode(head[:k], skip_special_tokens=True), self.cfg.stop)[1]
+
+            length = bisect.bisect_left(range(1, len(head) + 1), True, key=holds_stop) + 1  # len(head) + 1: none
+            if length <= len(head):
+                return length, True
         return (len(ids), False) if eos_at is None else (eos_at + 1, True)
-
-    def _stop_token_index(self, ids: list[int]) -> Optional[int]:
-        """Index of the token whose decoding first completes a stop string, or None: the shortest
-        prefix holding one, by bisection (a prefix that holds one stays holding it as it grows)."""
-        if not self.cfg.stop:
-            return None
-
-        def holds_stop(k: int) -> bool:
-            return cut_at_stop(self.tokenizer.decode(ids[:k], skip_special_tokens=True), self.cfg.stop)[1]
-
-        index = bisect.bisect_left(range(1, len(ids) + 1), True, key=holds_stop)  # prefix ids[:index + 1]
-        return index if index < len(ids) else None

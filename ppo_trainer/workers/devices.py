@@ -131,11 +131,8 @@ class Pool:
         return "STRICT_PACK" if len(self.nodes) == 1 else "SPREAD"
 
     def per_node(self) -> dict[int, list[int]]:
-        """Plan node -> local device indices of this pool there."""
-        out: dict[int, list[int]] = {}
-        for node, device in self.slots:
-            out.setdefault(node, []).append(device)
-        return out
+        """Plan node -> local device indices of this pool there, nodes in the order of the slots."""
+        return {node: [d for n, d in self.slots if n == node] for node in dict.fromkeys(n for n, _ in self.slots)}
 
 
 @dataclass(frozen=True)
@@ -180,10 +177,9 @@ def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple
     whole, rest = divmod(count, devices_per_node)
     slots: list[tuple[int, int]] = []
     for n in [devices_per_node] * whole + [rest] * (rest > 0):
-        node = next((i for i, f in enumerate(free) if f >= n), None)
-        if node is None:
+        node = next((i for i, f in enumerate(free) if f >= n), len(free))
+        if node == len(free):  # a fresh node
             free.append(devices_per_node)
-            node = len(free) - 1
         used = devices_per_node - free[node]
         slots.extend((node, used + i) for i in range(n))
         free[node] -= n

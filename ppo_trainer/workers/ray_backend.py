@@ -141,10 +141,8 @@ class WorkerHost:
 
 def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool) -> list[Any]:
     """One `WorkerHost` actor per rank of `role`, rank r in bundle r of the pool."""
-    resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords
-    options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0)}
-    if resources:
-        options["resources"] = resources
+    resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords, the rest apart
+    options = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0), "resources": resources}
     host = ray.remote(WorkerHost)
     return [host.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pool.pg, placement_group_bundle_index=rank)).remote(role, rank, kind)
