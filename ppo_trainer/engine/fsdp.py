@@ -122,7 +122,7 @@ class FSDPEngine:
         local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy) for m in plan_micro_batches(local, budget)]
-        return accumulate_gradients(self.module, micro, loss_fn, counts)
+        return accumulate_gradients(micro, loss_fn, counts)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip gradients by global norm, step AdamW and the schedule; returns grad_norm, lr and

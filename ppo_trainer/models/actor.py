@@ -118,7 +118,12 @@ class CausalLMPolicy(nn.Module):
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:
         """Within the block the module computes the base model (the reference policy); LoRA only."""
+        trainable = [p for p in self.parameters() if p.requires_grad]
         with self.lm.disable_adapter():
+            # peft also freezes the adapter here, but FSDP2 picks each group's gradient dtypes from
+            # requires_grad at its first forward, which may be this one (bf16 grads into fp32 weights)
+            for param in trainable:
+                param.requires_grad_(True)
             yield
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

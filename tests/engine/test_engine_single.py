@@ -183,3 +183,15 @@ def test_save_reload_and_continue_equals_not_stopping(tiny_model_dir, batch, tmp
     assert resumed.update(second) == expected_metrics
     for key, value in resumed.full_state_dict().items():
         assert torch.equal(value, expected[key]), key
+
+
+def test_lora_actor_whose_first_forward_is_the_reference_trains_in_bfloat16(tiny_model_dir, batch):
+    # FSDP2 settles its gradient dtypes at the first forward; peft's disable_adapter() froze the
+    # adapter during it, so the bf16 LoRA gradients were assigned to float32 weights (an error)
+    cfg = model_config(tiny_model_dir, dtype="bfloat16", lora=LoraConfig(rank=4, alpha=8), optim=OptimConfig(lr=1e-2))
+    actor = ActorEngine(cfg, tiny_model_dir, algorithm(), mini_batch_size=8, temperature=0.7, use_reference=True)
+    reference = actor.compute_ref_logprobs(batch)
+    actor.backward_mini_batch(batch.with_fields(old_logprobs=reference), actor.micro_batch_loss, SMALL_BUDGET)
+    grads = full_grads(actor.module)
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
+    assert any(g.abs().max() > 0 for g in grads.values())
