@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -239,10 +240,8 @@ class RayWorkers:
 
     def _kill(self) -> None:
         for h in self.hosts:
-            try:
+            with contextlib.suppress(Exception):  # already dead
                 ray.kill(h)
-            except Exception:  # noqa: BLE001  (already dead)
-                pass
 
     def shutdown(self) -> None:
         """Kill the actors; the pool's placement group goes with its last role."""
