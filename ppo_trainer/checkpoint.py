@@ -77,10 +77,8 @@ def write_pointer(output_dir: Path, name: str, step: int) -> None:
 
 def complete_steps(output_dir: Path) -> list[int]:
     """Steps with a committed checkpoint folder, ascending."""
-    folder = checkpoints_dir(output_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in folder.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
+    return sorted(int(m.group(1)) for p in checkpoints_dir(output_dir).glob("global_step_*")
+                  if p.is_dir() and (m := STEP_DIR.match(p.name)))
 
 
 def rotate(output_dir: Path, keep_last: int) -> None:
@@ -94,7 +92,6 @@ def rotate(output_dir: Path, keep_last: int) -> None:
 
 
 def latest_checkpoint(output_dir: Path) -> Optional[Path]:
-    """The folder `latest` names, or None when there is no checkpoint yet."""
     return read_pointer(checkpoints_dir(output_dir) / "latest")
 
 

@@ -14,23 +14,9 @@ from typing import NoReturn, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
-                                register_configs)
+                                validate_static)
 
 log = logging.getLogger("ppo_trainer")
-
-
-def split_hydra_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Hydra's flags (with their values) and the overrides, as Hydra's own parser reads them."""
-    from hydra._internal.utils import get_args_parser
-
-    overrides = get_args_parser().parse_intermixed_args(argv).overrides
-    flags, pending = [], list(overrides)
-    for arg in argv:
-        if pending and arg == pending[0]:
-            pending.pop(0)
-        else:
-            flags.append(arg)
-    return flags, overrides
 
 
 _task_started = False  # tells Hydra's exits (a config error) from our task's
@@ -40,7 +26,6 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ppo_trainer.config import validate_static
     from ppo_trainer.plan import describe_plan, dtype_summary, environment_problems
 
     global _task_started
@@ -75,7 +60,13 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
-        print(f"ppo-train: interrupted; {last_checkpoint(Path(cfg.trainer.output_dir))}", file=sys.stderr)
+        from ppo_trainer.checkpoint import complete_steps, step_dir
+
+        output_dir = Path(cfg.trainer.output_dir)
+        steps = complete_steps(output_dir)
+        where = (f"the last complete checkpoint is {step_dir(output_dir, steps[-1])}: rerun to continue" if steps
+                 else "no checkpoint was written yet: a rerun starts over")
+        print(f"ppo-train: interrupted; {where}", file=sys.stderr)
         sys.exit(130)
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
@@ -89,16 +80,6 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
 def _exit(what: str, error: BaseException, code: int) -> NoReturn:
     print(f"{what}: {error}", file=sys.stderr)
     sys.exit(code)
-
-
-def last_checkpoint(output_dir: Path) -> str:
-    """Which checkpoint a rerun of the same command continues from, in words."""
-    from ppo_trainer.checkpoint import checkpoints_dir, complete_steps
-
-    steps = complete_steps(output_dir)
-    if not steps:
-        return "no checkpoint was written yet: a rerun starts over"
-    return f"the last complete checkpoint is {checkpoints_dir(output_dir) / f'global_step_{steps[-1]}'}: rerun to continue"
 
 
 # Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
@@ -125,9 +106,12 @@ def _remove_if_empty(folder: Path) -> None:
 
 def train_main(argv: Optional[list[str]] = None) -> None:
     """Entry point of `ppo-train`: Hydra app over configs/ppo.yaml, with early config checks."""
+    import hydra
+    from hydra._internal.utils import get_args_parser
+
     argv = sys.argv[1:] if argv is None else argv
-    register_configs()
-    flags, overrides = split_hydra_argv(argv)
+    overrides = get_args_parser().parse_intermixed_args(argv).overrides  # as Hydra's own parser reads them
+    flags = [arg for arg in argv if arg not in overrides]  # Hydra's flags, with their values
     # --info logs through a stdout handler Hydra adds to the root logger: ours would repeat each line
     _quiet_third_party_logs(console=not any(f == "--info" or f.startswith("--info=") for f in flags))
     overrides = normalize_overrides(overrides)
@@ -136,8 +120,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
             check_overrides(overrides)
         except ConfigError as e:
             _exit("ppo-train: config error", e, 2)
-
-    import hydra
 
     task = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")(_run_training)
     sys.argv = [sys.argv[0], *overrides, *flags]  # overrides first: `--info` takes an optional value
@@ -152,7 +134,6 @@ def train_main(argv: Optional[list[str]] = None) -> None:
 
 
 def eval_main(argv: Optional[list[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
     _quiet_third_party_logs()
     parser = argparse.ArgumentParser(
         prog="ppo-eval", description="Greedy accuracy of one or more models on a dataset split.",
@@ -162,7 +143,7 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
                "folder (a checkpoint is evaluated with its run's config.yaml); model.path=[A,B] compares several "
                "on the same problems")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for ppo-train")
-    overrides = parser.parse_args(argv).overrides  # an unknown flag: usage and exit 2
+    overrides = parser.parse_args(argv).overrides  # argv None: sys.argv[1:]; an unknown flag: usage and exit 2
     for arg in overrides:
         if "=" not in arg:
             parser.error(f"'{arg}' is not a key=value override")
@@ -182,9 +163,7 @@ _USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
 
 
 def _engine_log_levels(verbose: bool) -> None:
-    for var, levels in _ENGINE_LOG_LEVELS.items():
-        if var not in _USER_SET:
-            os.environ[var] = levels[verbose]
+    os.environ.update({var: levels[verbose] for var, levels in _ENGINE_LOG_LEVELS.items() if var not in _USER_SET})
 
 
 def _quiet_third_party_logs(console: bool = True) -> None:

@@ -4,10 +4,12 @@ composition. Batch sizes count prompts (x sampler.n sequences), lengths count to
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional, get_origin, get_type_hints
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -244,22 +246,17 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-def register_configs() -> None:
-    """ppo.yaml lists `ppo_schema` first in its defaults: every group option merges into it."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
+# ppo.yaml lists `ppo_schema` first in its defaults: every group option merges into it.
+ConfigStore.instance().store(name="ppo_schema", node=PPOConfig)
 
 
 def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
     """Every dotted key of a schema, mapped to its field type (nested dataclasses expanded)."""
     keys: dict[str, Any] = {}
-    hints = get_type_hints(schema)
-    for f in fields(schema):
-        key = f"{prefix}{f.name}"
-        keys[key] = hints[f.name]
-        if is_dataclass(hints[f.name]):
-            keys.update(schema_keys(hints[f.name], prefix=f"{key}."))
+    for name, hint in get_type_hints(schema).items():
+        keys[prefix + name] = hint
+        if is_dataclass(hint):
+            keys.update(schema_keys(hint, prefix=f"{prefix}{name}."))
     return keys
 
 
@@ -269,10 +266,8 @@ _KEYS = schema_keys()
 def unknown_key_error(key: str) -> ConfigError:
     """One line for a key the schema does not have, with the nearest valid key."""
     if key.startswith("critic.lora"):
-        return ConfigError(
-            f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
-            "full-parameter. Remove the key (LoRA for the actor is model.lora.rank)."
-        )
+        return ConfigError(f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
+                           "full-parameter. Remove the key (LoRA for the actor is model.lora.rank).")
     parent, _, leaf = key.rpartition(".")
     siblings = sorted(k.rpartition(".")[2] for k in _KEYS if k.rpartition(".")[0] == parent)
     if not siblings:
@@ -284,40 +279,21 @@ def unknown_key_error(key: str) -> ConfigError:
 
 
 def check_key(key: str) -> None:
-    """Raise ConfigError unless the dotted `key` names a schema field or lies in a list/dict field."""
-    if key in _KEYS:
-        return
+    """Raise ConfigError unless the dotted `key` is a schema field or in a list/dict one (data.train_files.0)."""
     parts = key.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        head = ".".join(parts[:i])
-        if head in _KEYS and get_origin(_KEYS[head]) in (list, dict):
-            return  # an element of a list-typed field, e.g. data.train_files.0
-    raise unknown_key_error(key)
+    heads = (".".join(parts[:i]) for i in range(1, len(parts)))
+    if key not in _KEYS and not any(get_origin(_KEYS.get(head)) in (list, dict) for head in heads):
+        raise unknown_key_error(key)
 
 
 def check_value(key: str, value: Any) -> None:
     """Raise ConfigError if `value` cannot be assigned to the schema field `key` (type check only)."""
-    if not OmegaConf.is_config(value) and isinstance(value, (dict, list)):
-        value = OmegaConf.create(value)
     try:
         OmegaConf.update(OmegaConf.structured(PPOConfig), key, value, merge=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     except (IndexError, KeyError):
         return  # list elements by index are checked when the composed config is validated
-
-
-def to_schema(cfg: DictConfig) -> DictConfig:
-    """The composed config merged into the typed schema; unknown keys and wrong types raise ConfigError."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
-        OmegaConf.resolve(merged)
-    except ConfigKeyError as e:  # a key the schema lacks, e.g. added with `+group.key`
-        raise unknown_key_error(e.full_key) from None
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
-    return merged
 
 
 def kl_in_reward(cfg: DictConfig) -> bool:
@@ -328,14 +304,7 @@ def kl_in_reward(cfg: DictConfig) -> bool:
 
 
 def uses_reference(cfg: DictConfig) -> bool:
-    """The reference policy is needed for a KL penalty in the reward or a KL loss."""
     return kl_in_reward(cfg) or cfg.algorithm.use_kl_loss
-
-
-def kl_route(cfg: DictConfig) -> str:
-    """Where the KL to the reference goes: "reward", "loss", "both" or "nowhere"."""
-    reward, loss = kl_in_reward(cfg), cfg.algorithm.use_kl_loss
-    return {(True, False): "reward", (False, True): "loss", (True, True): "both"}.get((reward, loss), "nowhere")
 
 
 def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
@@ -355,10 +324,8 @@ def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
 
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
     """The cosine horizon of "actor" or "critic"; the actor sits out algorithm.critic_warmup steps."""
-    ppo_steps = cfg.trainer.total_steps
-    if role == "actor":
-        ppo_steps = max(1, ppo_steps - cfg.algorithm.critic_warmup)
-    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * ppo_steps
+    warmup = cfg.algorithm.critic_warmup if role == "actor" else 0
+    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * max(1, cfg.trainer.total_steps - warmup)
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -392,8 +359,15 @@ _LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
 def validate_static(cfg: DictConfig) -> DictConfig:
-    """Schema, ranges and batch arithmetic, without file or device access: the typed, resolved config."""
-    cfg = to_schema(cfg)
+    """The typed, resolved config; checks types, ranges and batch arithmetic, without file or device access."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(PPOConfig), cfg)
+        OmegaConf.resolve(cfg)
+    except ConfigKeyError as e:  # a key the schema lacks, e.g. added with `+group.key`
+        raise unknown_key_error(e.full_key) from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     m, c, s, g, a, d, dev, t = cfg.model, cfg.critic, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
     _one_of(cfg, ("auto", "float32", "bfloat16", "float16"), "model.dtype", "critic.dtype")
@@ -440,6 +414,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(s.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
     _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
     _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
+    _require(cfg.eval.limit is None or cfg.eval.limit >= 1, "eval.limit", "must be >= 1, or null for every row")
 
     sizes = batch_arithmetic(cfg)
     seq_tokens = sizes["max_tokens_per_sequence"]
@@ -463,10 +438,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "set algorithm.use_kl_in_reward=true or gae.kl_ctrl=fixed")
     _require(not (a.use_kl_in_reward and g.kl_coef == 0), "algorithm.use_kl_in_reward",
              "is true but gae.kl_coef=0 puts no KL in the reward; set gae.kl_coef > 0")
-    if a.rollout_correction != "none":
-        _require(a.recompute_old_logprobs, "algorithm.rollout_correction",
-                 f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
-                 "logprobs as the old ones every weight pi_old / pi_rollout is 1; set one of them back")
+    _require(a.rollout_correction == "none" or a.recompute_old_logprobs, "algorithm.rollout_correction",
+             f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
+             "logprobs as the old ones every weight pi_old / pi_rollout is 1; set one of them back")
     _require(a.rollout_correction_cap >= 1, "algorithm.rollout_correction_cap",
              f"must be >= 1 (a cap below 1 truncates on-policy tokens, ratio 1), got {a.rollout_correction_cap}")
     _require(0 < a.rollout_correction_low <= 1, "algorithm.rollout_correction_low",
@@ -518,15 +492,12 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
+_FILE_LIST_KEY = re.compile(r"^(\+*data\.(?:train|val)_files)=([^\[].*)$")  # a single path, not [...]
+
+
 def normalize_overrides(overrides: list[str]) -> list[str]:
     """Accept a single path for the list-typed file keys: `data.val_files=test.jsonl` -> `[test.jsonl]`."""
-    out = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if sep and key.lstrip("+") in ("data.train_files", "data.val_files") and value and not value.startswith("["):
-            override = f"{key}=[{value}]"
-        out.append(override)
-    return out
+    return [_FILE_LIST_KEY.sub(r"\1=[\2]", override) for override in overrides]
 
 
 def check_overrides(overrides: list[str]) -> None:
@@ -579,7 +550,6 @@ def _assigned_values(override: Any) -> list[Any]:
 
 def installed_sweepers() -> set[str]:
     """The hydra/sweeper options Hydra finds: its own `basic` and those of installed plugins."""
-    from hydra.core.config_store import ConfigStore
     from hydra.core.plugins import Plugins
 
     Plugins.instance()  # imports the installed hydra_plugins, which register their sweeper configs
@@ -587,7 +557,6 @@ def installed_sweepers() -> set[str]:
 
 
 def check_sweeper(name: str) -> None:
-    """Raise ConfigError unless the Hydra sweeper `name` is installed."""
     if name not in installed_sweepers():
         hint = "pip install 'ppo-trainer[optuna]'" if name == "optuna" else "install the Hydra plugin that provides it"
         raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")
@@ -595,8 +564,7 @@ def check_sweeper(name: str) -> None:
 
 def check_sweep_file(name: str) -> None:
     """configs/sweep/NAME.yaml: its sweeper is installed, its hydra.sweeper.params pass check_overrides."""
-    path = CONFIG_DIR / "sweep" / f"{name}.yaml"
-    sweep = OmegaConf.to_container(OmegaConf.load(path))
+    sweep = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "sweep" / f"{name}.yaml"))
     for entry in sweep.get("defaults") or []:
         for group, option in entry.items() if isinstance(entry, dict) else []:
             if group.split()[-1].strip("/") == "hydra/sweeper":
@@ -610,11 +578,9 @@ def check_sweep_file(name: str) -> None:
 
 def compose(overrides: list[str]) -> DictConfig:
     """Compose and statically validate a config without Hydra's run machinery (tests, ppo-eval)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    register_configs()
     overrides = normalize_overrides(overrides)
     check_overrides(overrides)
     try:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-from ppo_trainer.config import ConfigError, EvalConfig, compose, validate_static
+from ppo_trainer.config import ConfigError, compose, validate_static
 from ppo_trainer.data import PromptRecord, load_prompts
 from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
@@ -42,8 +42,6 @@ def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[Promp
     `reward_fn`; the rows go to `output_file` as jsonl if given. Returns accuracy, num_correct,
     mean_score, truncated_fraction, num_examples, output_file."""
     records = list(records)[:limit]
-    if not records:
-        raise ValueError("evaluate: no records to evaluate")
     rows: list[dict[str, Any]] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
@@ -81,7 +79,6 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
     model, a checkpoint's actor folder, a `global_step_N` folder (its merged LoRA export, else its
     actor), a pointer file or a run folder (its latest checkpoint). An adapter is merged under `scratch`."""
     local = Path(path).expanduser()
-    step_folder: Optional[Path] = None
     actor: Optional[Path] = None
     if local.is_file() and local.parent.name == "checkpoints":  # checkpoints/latest or checkpoints/best
         step_folder = read_pointer(local)
@@ -93,9 +90,9 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
         step_folder = local
     elif local.is_dir() and STEP_DIR.match(local.parent.name):
         step_folder, actor = local.parent, local
-    if step_folder is None:
-        if (local / "adapter_config.json").is_file():
-            return _merge_adapter(local, None, scratch), None, None
+    elif (local / "adapter_config.json").is_file():
+        return _merge_adapter(local, None, scratch), None, None
+    else:
         return resolve_model_path(path), None, None
 
     run_dir = step_folder.parent.parent
@@ -112,16 +109,13 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
 
 
 def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Path:
-    """The LoRA adapter merged into its base (the run's model.path, else the adapter's
-    base_model_name_or_path), saved as a model folder."""
+    """The LoRA adapter merged into its base model, saved as a model folder under `scratch`."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if run_dir is not None:
-        base = OmegaConf.load(run_dir / "config.yaml").model.path
-    else:
-        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = (OmegaConf.load(run_dir / "config.yaml").model.path if run_dir is not None
+            else json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path"))
     base_dir = resolve_model_path(base)
     logger.info("eval: applying the LoRA adapter %s to its base %s", adapter, base_dir)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
@@ -143,8 +137,7 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
-    """The run's config.yaml with each key or group that `overrides` name taken from `composed`;
-    without a run, `composed` itself."""
+    """The run's config.yaml with each key or group that `overrides` name taken from `composed`."""
     if run_dir is None:
         return composed
     cfg = OmegaConf.load(run_dir / "config.yaml")
@@ -170,19 +163,16 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         cfg = eval_config(composed, rest, run_dir)
         if run_dir is not None:
             logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
-        eval_cfg: EvalConfig = OmegaConf.to_object(cfg.eval)
         name = cfg.sampler.name if run_dir is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
-                                          max_new_tokens=eval_cfg.max_new_tokens)
-        default_file = Path(eval_cfg.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
+                                          max_new_tokens=cfg.eval.max_new_tokens)
+        default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
         for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
             output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
             tokenizer = load_tokenizer(model_dir)
-            records = load_prompts(cfg.data, tokenizer, "val")[: eval_cfg.limit]
-            if not records:
-                raise ValueError("evaluate: no records to evaluate")
+            records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
             logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
             sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
                                     max_prompt_length=max(len(r.prompt_ids) for r in records),
@@ -190,7 +180,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
             start = time.perf_counter()
             try:
                 result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
-                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=eval_cfg.batch_size,
+                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=cfg.eval.batch_size,
                                           correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
                                           extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
             finally:
@@ -204,8 +194,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
 def format_results(results: list[dict[str, Any]], reward_mode: str) -> str:
     """One line for one model; a table (one row per model) for several."""
     def interval(r: dict[str, Any]) -> str:
-        low, high = wilson_interval(r["num_correct"], r["num_examples"])
-        return f"{low:.3f}-{high:.3f}"
+        return "{:.3f}-{:.3f}".format(*wilson_interval(r["num_correct"], r["num_examples"]))
 
     def model(r: dict[str, Any]) -> str:
         return r["model"] if r["step"] is None else f"{r['model']} (step {r['step']})"

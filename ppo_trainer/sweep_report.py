@@ -64,10 +64,9 @@ def _short(text: Optional[str]) -> str:
     if text is None:
         return "-"
     try:
-        number = float(text)
+        return text if len(text) <= 8 else f"{float(text):.4g}"
     except ValueError:
         return text
-    return text if len(text) <= 8 else f"{number:.4g}"
 
 
 def _read_yaml(path: Path) -> Any:
@@ -92,10 +91,8 @@ def split_overrides(runs: list[Run]) -> list[str]:
     return the overrides shared by all runs."""
     if all(run.overrides is not None for run in runs):
         shared = [o for o in runs[0].overrides if all(o in run.overrides for run in runs)] if len(runs) > 1 else []
-        for run in runs:
-            for override in (o for o in run.overrides if o not in shared):
-                key, _, value = override.partition("=")
-                run.swept[key] = value
+        for run in runs:  # key=value -> swept[key] = value
+            run.swept.update(o.partition("=")[::2] for o in run.overrides if o not in shared)
         return shared
     for key in sorted({k for run in runs for k in run.config} - _NOT_SWEPT):
         values = [run.config.get(key) for run in runs]
@@ -107,8 +104,6 @@ def split_overrides(runs: list[Run]) -> list[str]:
 
 @dataclass
 class Report:
-    """The sweep's runs, sorted, with what is needed to print them."""
-
     sweep_dir: Path
     runs: list[Run]
     objective: str
@@ -205,13 +200,13 @@ def _maximize(hydra: dict[str, Any], optuna_best: Optional[dict[str, Any]], fina
     return not (best is not None and values and best == min(values) != max(values))
 
 
-def plot_accuracy(report: Report, out: Path) -> Path:
+def plot_accuracy(report: Report, out: Path) -> None:
     """Overlay the val/accuracy curves of all runs."""
     curves = []
     for run in report.runs:
         label = " ".join(f"{k}={_short(v)}" for k, v in run.swept.items())
         curves.append((f"{run.name}: {label}" if label else run.name, run.series(ACCURACY)))
-    return plot(out, [(f"{ACCURACY}: {report.sweep_dir.name}", curves)], cols=1, size=(7, 4.5))
+    plot(out, [(f"{ACCURACY}: {report.sweep_dir.name}", curves)], cols=1, size=(7, 4.5))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -221,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     "report.csv) and the validation-accuracy curves (val_accuracy.png), written into SWEEP_DIR.")
     parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR",
                         help="the folder of one sweep, e.g. multirun/smoke/2026-01-31_12-00-00")
-    sweep_dir = parser.parse_args(sys.argv[1:] if argv is None else argv).sweep_dir
+    sweep_dir = parser.parse_args(argv).sweep_dir  # argv None: sys.argv[1:]
     try:
         report = build_report(sweep_dir)
     except FileNotFoundError as e:

@@ -66,8 +66,7 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in saved)
+    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in (1, 2))  # restored at the end
     handler = logging.StreamHandler(terminal_err)
     handler.setFormatter(logging.Formatter("%(message)s"))
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -83,11 +82,9 @@ def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[Non
         sys.stderr.flush()
         _console = None
         logging.getLogger("ppo_trainer").removeHandler(handler)
-        for fd, saved_fd in zip((1, 2), saved):
-            os.dup2(saved_fd, fd)
-            os.close(saved_fd)
-        terminal.close()
-        terminal_err.close()
+        for fd, stream in zip((1, 2), (terminal, terminal_err)):
+            os.dup2(stream.fileno(), fd)
+            stream.close()
         if log_path.is_file() and log_path.stat().st_size == 0:
             log_path.unlink()
 
@@ -103,7 +100,17 @@ class Tracker:
         self.samples_path = output_dir / "samples.jsonl"
         truncate_jsonl(self.metrics_path, start_step)
         truncate_jsonl(self.samples_path, start_step)
-        self._progress = self._start_progress(start_step) if "console" in loggers else None
+        self._progress: Any = None
+        if "console" in loggers:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
+            self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
+                                      redirect_stdout=False, redirect_stderr=False)
+            self._task = self._progress.add_task("steps", total=total_steps, completed=start_step)
+            self._progress.start()
         self._sinks: list[tuple[Callable[[int, dict[str, float]], None], Callable[[], None]]] = []  # (log, close)
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
@@ -125,18 +132,6 @@ class Tracker:
             mlflow.log_params({k: str(v) for k, v in flatten(mask_secrets(config)).items()})
             self._sinks.append((lambda step, m: mlflow.log_metrics({k.replace("/", "."): v for k, v in m.items()},
                                                                    step=step), mlflow.end_run))
-
-    def _start_progress(self, start_step: int) -> Any:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
-        progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
-                            redirect_stdout=False, redirect_stderr=False)
-        self._task = progress.add_task("steps", total=self.total_steps, completed=start_step)
-        progress.start()
-        return progress
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
@@ -227,15 +222,13 @@ def metric_series(records: list[dict[str, Any]], metric: str) -> list[tuple[int,
 
 def as_number(value: Any) -> Optional[float]:
     """A metric value as a float: numbers, and the strings `_plain` writes for non-finite ones."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
-        return float(value)
-    return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    non_finite = isinstance(value, str) and value.lower() in ("nan", "inf", "-inf")
+    return float(value) if number or non_finite else None
 
 
 def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
-         size: tuple[float, float]) -> Path:
+         size: tuple[float, float]) -> None:
     """Curves against step: panels of (title, [(label or None, points)]), each `size` inches."""
     import matplotlib
 
@@ -257,7 +250,6 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
-    return out
 
 
 def _plain(value: Any) -> Any:
@@ -270,10 +262,8 @@ def _plain(value: Any) -> Any:
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """A nested dict as {dotted key: leaf}; an empty dict is a leaf, anything but a dict is {}."""
-    if not isinstance(d, dict):
-        return {}
     out: dict[str, Any] = {}
-    for key, value in d.items():
+    for key, value in d.items() if isinstance(d, dict) else []:
         if isinstance(value, dict) and value:
             out.update(flatten(value, f"{prefix}{key}."))
         else:

@@ -13,7 +13,7 @@ import operator
 import random
 from typing import Callable
 
-from ppo_trainer.config import ArithmeticConfig
+from ppo_trainer.config import ArithmeticConfig, DigitsConfig
 
 VAL_SEED = 1_000_003
 VAL_BUCKETS = 10  # one in ten distinct questions belongs to the validation pool
@@ -101,12 +101,14 @@ def in_val_pool(question: str) -> bool:
     return int.from_bytes(digest[:8], "big") % VAL_BUCKETS == 0
 
 
-def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]], want_val: bool, seed: int,
-               size: int, source: str, what: str, key: str) -> list[dict[str, str]]:
-    """`size` rows of one split from `draw(rng) -> (question, row, held_out)`: training rows drawn
-    with `seed`, repeats allowed; validation rows with VAL_SEED, each question once. ValueError
-    naming data.<source>.<key> after MAX_MISSES fruitless draws in a row."""
-    rng = random.Random(VAL_SEED if want_val else seed)
+def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]], cfg: ArithmeticConfig | DigitsConfig,
+               split: str, source: str, what: str, key: str) -> list[dict[str, str]]:
+    """`cfg.train_size` or `cfg.val_size` rows of `split` from `draw(rng) -> (question, row, held_out)`:
+    training rows drawn with `cfg.seed`, repeats allowed; validation rows with VAL_SEED, each question
+    once. ValueError naming data.<source>.<key> after MAX_MISSES fruitless draws in a row."""
+    want_val = split == "val"
+    rng = random.Random(VAL_SEED if want_val else cfg.seed)
+    size = cfg.val_size if want_val else cfg.train_size
     rows: list[dict[str, str]] = []
     seen: set[str] = set()
     misses = 0  # draws since the last accepted one
@@ -114,11 +116,10 @@ def draw_split(draw: Callable[[random.Random], tuple[str, dict[str, str], bool]]
         question, row, held_out = draw(rng)
         if held_out != want_val or (want_val and question in seen):
             misses += 1
-            continue
-        misses = 0
-        if want_val:
+        else:
+            misses = 0
             seen.add(question)
-        rows.append(row)
+            rows.append(row)
     if len(rows) < size:
         raise ValueError(f"data.{source}: found only {len(rows)} {what} of the {size} asked for; "
                          f"raise data.{source}.{key} or lower data.{source}.val_size")
@@ -133,6 +134,4 @@ def generate_problems(cfg: ArithmeticConfig, split: str) -> list[dict[str, str]]
         question, answer = rng.choice(family)(rng, cfg.max_operand)
         return question, {"question": question, "answer": answer}, in_val_pool(question)
 
-    want_val = split == "val"
-    return draw_split(draw, want_val, cfg.seed, cfg.val_size if want_val else cfg.train_size, "arithmetic",
-                      f"distinct {split} problems", "max_operand")
+    return draw_split(draw, cfg, split, "arithmetic", f"distinct {split} problems", "max_operand")

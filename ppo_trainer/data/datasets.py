@@ -16,7 +16,6 @@ from ppo_trainer.rewards.math import ANSWER_MARKER
 
 logger = logging.getLogger("ppo_trainer")
 
-SPLITS = ("train", "val")
 GENERATED = ("arithmetic", "digits")  # built-in generators: their rows have "question" and "answer"
 FILES_HINT = "data.source=files data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
 
@@ -27,8 +26,6 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt of a split."""
-
     index: int  # the row's position in its source split (0-based; malformed rows keep their number)
     question: str
     prompt: str  # the text the model continues (chat template applied, assistant turn opened)
@@ -47,8 +44,6 @@ class RawRow:
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
     """The prompts of `split` ("train" or "val"); DataError (one line) when they cannot be loaded."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")

@@ -32,8 +32,6 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
             a = rng.randint(0, total)
             rows.append({"question": f"{a}+{total - a}=", "answer": str(total)})
         return rows
-    if cfg.task != "reverse":
-        raise ValueError(f"data.digits.task={cfg.task!r} is unknown; use 'sum' or 'reverse'")
 
     def draw(rng: random.Random) -> tuple[str, dict[str, str], bool]:
         length = cfg.length if want_val else rng.randint(cfg.min_length, cfg.length)
@@ -42,5 +40,4 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
         held_out = length == cfg.length and in_val_pool(digits)
         return digits, {"question": f"{digits}=", "answer": digits[::-1]}, held_out
 
-    return draw_split(draw, want_val, cfg.seed, cfg.val_size if want_val else cfg.train_size, "digits",
-                      f"distinct held-out strings of {cfg.length} digits", "length")
+    return draw_split(draw, cfg, split, "digits", f"distinct held-out strings of {cfg.length} digits", "length")

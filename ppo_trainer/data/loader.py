@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -17,19 +17,8 @@ class PromptLoader:
     def __init__(self, records: Sequence[PromptRecord], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if not records:
             raise ValueError("PromptLoader needs at least one record")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.records, self.batch_size, self.seed, self.shuffle = records, batch_size, seed, shuffle
         self.load_state_dict({"epoch": 0, "position": 0})  # position: records of the epoch already yielded
-
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        """[N] record indices in the order of `epoch`."""
-        if not self.shuffle:
-            return np.arange(len(self.records))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
-
-    def __iter__(self) -> Iterator[list[PromptRecord]]:
-        return self
 
     def __next__(self) -> list[PromptRecord]:
         batch = []
@@ -51,4 +40,6 @@ class PromptLoader:
         if not 0 <= position <= len(self.records) or epoch < 0:
             raise ValueError(f"loader state {state} does not fit a dataset of {len(self.records)} records")
         self.epoch, self.position = epoch, position
-        self._order = self._epoch_order(epoch)
+        n = len(self.records)
+        # [N] record indices in this epoch's order
+        self._order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)

@@ -33,10 +33,8 @@ def extract_strict(text: str) -> Optional[str]:
 
 def extract_flexible(text: str) -> Optional[str]:
     """The last number anywhere in the text (commas and "$" stripped), or None."""
-    last = None
-    for last in _NUMBER_RE.finditer(text):
-        pass
-    return _canonical(last) if last else None
+    matches = list(_NUMBER_RE.finditer(text))
+    return _canonical(matches[-1]) if matches else None
 
 
 EXTRACTORS = {"strict": extract_strict, "flexible": extract_flexible}  # reward.mode -> its answer

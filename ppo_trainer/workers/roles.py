@@ -76,7 +76,6 @@ class Worker:
     LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
     OWN_METHODS = ("save", "load", "rng_state", "set_rng_state")
-    RELEASE_AFTER = ("update", "sync_weights")  # the calls that free many host tensors
 
     def __init__(self, role: str, cfg: DictConfig, device: str):
         self.role = role
@@ -90,8 +89,9 @@ class Worker:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         target = self if method in self.OWN_METHODS else self.engine
         result = getattr(target, method)(*args, **kwargs)
-        if method in self.RELEASE_AFTER:
-            release_freed_host_memory()
+        # after every call: the next phase's peak then starts from live tensors, not from the
+        # freed activations of this one (CPU recipe: -0.8 GiB at the critic update's peak)
+        release_freed_host_memory()
         return result
 
     def save(self, checkpoint: str) -> None:

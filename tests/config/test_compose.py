@@ -106,6 +106,7 @@ BAD_CONFIGS = [
     ("trainer.loggers=[console,bogus]", "trainer.loggers"),
     ("reward.fn=no_colon", "reward.fn"),
     ("model.dtype=float8", "model.dtype"),
+    ("eval.limit=0", "eval.limit"),
 ]
 
 
