@@ -43,7 +43,7 @@ def run_one(model: str, engine: str, args: argparse.Namespace) -> dict:
     )
     start = time.perf_counter()
     if engine == "hf":
-        sampler = HFSampler.from_pretrained(model_dir, cfg, batch_size=args.hf_batch_size, dtype=args.dtype)
+        sampler = HFSampler(model_dir, cfg, batch_size=args.hf_batch_size, dtype=args.dtype)
     else:
         max_len = prompts.input_ids.shape[1] + args.max_new_tokens
         sampler = VllmSampler(model_dir, cfg, dtype=args.dtype, max_model_len=max_len)

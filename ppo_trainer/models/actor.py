@@ -117,9 +117,7 @@ class CausalLMPolicy(nn.Module):
 
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:
-        """Within the block the module computes the base model (the reference policy)."""
-        if not self.is_lora:
-            raise RuntimeError("adapter_disabled() needs a LoRA adapter; without LoRA use a frozen copy")
+        """Within the block the module computes the base model (the reference policy); LoRA only."""
         trainable = [p for p in self.parameters() if p.requires_grad]
         with self.lm.disable_adapter():
             # peft also freezes the adapter here, but FSDP2 picks each group's gradient dtypes from
@@ -161,17 +159,14 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor],
     """A `PeftModel.state_dict()` -> the merged base model's: W = W_base + scaling * B @ A; keys
     lose the "base_model.model." prefix and the ".base_layer" infix, LoRA matrices are dropped."""
     merged: dict[str, torch.Tensor] = {}
-    prefix = "base_model.model."
     for key, value in state.items():
         if ".lora_" in key:
             continue
-        module, _, leaf = key.rpartition(".")
-        if module.endswith(".base_layer"):
-            module = module[: -len(".base_layer")]
-            if leaf == "weight" and module in scalings:
-                scaling, fan_in_fan_out = scalings[module]
-                delta = state[f"{module}.lora_B.default.weight"] @ state[f"{module}.lora_A.default.weight"]
-                value = value + scaling * (delta.T if fan_in_fan_out else delta)
-        name = f"{module}.{leaf}"
-        merged[name[len(prefix) :] if name.startswith(prefix) else name] = value
+        wrapped, _, leaf = key.rpartition(".")
+        module = wrapped.removesuffix(".base_layer")
+        if module != wrapped and leaf == "weight" and module in scalings:
+            scaling, fan_in_fan_out = scalings[module]
+            delta = state[f"{module}.lora_B.default.weight"] @ state[f"{module}.lora_A.default.weight"]
+            value = value + scaling * (delta.T if fan_in_fan_out else delta)
+        merged[f"{module}.{leaf}".removeprefix("base_model.model.")] = value
     return merged

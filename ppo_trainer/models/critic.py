@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -50,8 +50,7 @@ class ValueModel(nn.Module):
                              "(merge the adapter into its base model first)")
         kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
         head = None
-        config = path / "config.json"
-        architectures = (json.loads(config.read_text()).get("architectures") or []) if config.is_file() else []
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
         if any(a.endswith("ForTokenClassification") for a in architectures):
             classifier = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
             backbone, head = getattr(classifier, classifier.base_model_prefix), classifier.score
@@ -93,19 +92,17 @@ class ValueModel(nn.Module):
         `dtype` casts the backbone (the head is always saved in float32)."""
         from safetensors.torch import save_file
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = Path(folder)  # save_hf_weights creates it
         state = self.state_dict() if state_dict is None else state_dict
         backbone = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
         head = {k[len("value_head.") :]: v.float().contiguous() for k, v in state.items()
                 if k.startswith("value_head.")}
         classifier = token_classifier_class(self.backbone.config)
         if classifier is not None:
-            config = copy.deepcopy(self.backbone.config)
-            config.architectures = [classifier.__name__]
-            config.num_labels = 1
-            save_hf_weights(folder, config, {f"{classifier.base_model_prefix}.{k}": v for k, v in backbone.items()},
-                            dtype, keep_dtype={f"score.{k}": v for k, v in head.items()})
+            save_hf_weights(folder, self.backbone.config,
+                            {f"{classifier.base_model_prefix}.{k}": v for k, v in backbone.items()}, dtype,
+                            keep_dtype={f"score.{k}": v for k, v in head.items()},
+                            architectures=[classifier.__name__], num_labels=1)
             return
         save_hf_weights(folder, self.backbone.config, backbone, dtype)
         save_file(head, folder / VALUE_HEAD_WEIGHTS)
@@ -136,15 +133,14 @@ def safetensors_ready(state: dict[str, torch.Tensor], dtype: Optional[torch.dtyp
     return out
 
 
-def save_hf_weights(folder: Path, config: object, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
-                    keep_dtype: Optional[dict[str, torch.Tensor]] = None) -> None:
-    """config.json + model.safetensors for `state` (HF key names), floats cast to `dtype`; the
-    tensors of `keep_dtype` are added as they are (e.g. a float32 head)."""
+def save_hf_weights(folder: Path, config: Any, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
+                    keep_dtype: Optional[dict[str, torch.Tensor]] = None, **config_updates: Any) -> None:
+    """config.json (a copy of `config` with `config_updates`) + model.safetensors for `state` (HF key
+    names), floats cast to `dtype`; the tensors of `keep_dtype` are added as they are (e.g. a float32 head)."""
     from safetensors.torch import save_file
 
     config = copy.deepcopy(config)
-    if dtype is not None:
-        config.dtype = dtype
+    config.update(config_updates if dtype is None else {**config_updates, "dtype": dtype})
     config.save_pretrained(folder)
     tensors = {**safetensors_ready(state, dtype), **safetensors_ready(keep_dtype or {})}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

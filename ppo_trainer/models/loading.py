@@ -71,24 +71,24 @@ def hub_offline(datasets: bool = False) -> bool:
     return next((os.environ[n] for n in names if os.environ.get(n)), "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def resolve_model_path(path: str, *, part: Optional[str] = None, offline: Optional[bool] = None) -> Path:
+def resolve_model_path(path: str, *, part: Optional[str] = None) -> Path:
     """A local folder holding the model named by `path`, built, converted or downloaded as needed.
-    `part` ("critic"): the subfolder of a checkpoint's global_step_N folder. `offline=None` follows
-    `hub_offline()`. Raises ModelPathError with one line when the model cannot be found or built."""
-    form, where = _locate(str(path), part, hub_offline() if offline is None else offline)
+    `part` ("critic"): the subfolder of a checkpoint's global_step_N folder. Raises ModelPathError
+    with one line when the model cannot be found or built."""
+    form, where = _locate(str(path), part)
     return {"random": _random_model, "embedded": _embedded_model, "local": Path, "hub": _hub_model}[form](where)
 
 
 def model_path_problem(path: str, key: str = "model.path", part: Optional[str] = None) -> Optional[str]:
     """Why `path` cannot be resolved here (one line naming `key`), or None; builds and imports nothing."""
     try:
-        _locate(str(path), part, hub_offline())
+        _locate(str(path), part)
     except ModelPathError as e:
         return str(e).replace("model.path", key, 1)
     return None
 
 
-def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
+def _locate(path: str, part: Optional[str]) -> tuple[str, str]:
     """(form, name or folder) of `path`; ModelPathError for what cannot work here (checks files only)."""
     prefixed = (("random", RANDOM_PREFIX, RANDOM_MODELS), ("embedded", EMBEDDED_PREFIX, EMBEDDED_MODELS))
     for form, prefix, known in prefixed:
@@ -109,7 +109,7 @@ def _locate(path: str, part: Optional[str], offline: bool) -> tuple[str, str]:
         return "local", str(local)
     if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path:  # not a repo id
         raise ModelPathError(f"model.path='{path}': folder not found; pass an existing model folder or a hub name")
-    if offline and _cached_snapshot(path) is None:
+    if hub_offline() and _cached_snapshot(path) is None:
         raise ModelPathError(_offline_hint(path))
     return "hub", path
 
@@ -139,8 +139,7 @@ def _cached_snapshot(name: str) -> Optional[Path]:
 
 
 def _hub_model(name: str) -> Path:
-    cached = _cached_snapshot(name)
-    if cached is not None:
+    if (cached := _cached_snapshot(name)) is not None:
         return cached
     from huggingface_hub import snapshot_download
 

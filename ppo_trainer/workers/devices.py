@@ -3,7 +3,6 @@ pure pieces shared by the dry-run plan and the backends (importing this module n
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 import os
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
 ROLES = ("actor", "critic", "rollout")
 DISTRIBUTED_ROLES = ("actor", "critic")  # FSDP: one process group per role; rollout replicas are independent
 SHARED_POOL = "shared"
-DTYPES = ("float32", "bfloat16", "float16")  # a dtype key's values besides "auto"
 
 
 class PlacementError(RuntimeError):
@@ -29,7 +27,7 @@ class PlacementError(RuntimeError):
 @dataclass(frozen=True)
 class DeviceKind:
     """How one accelerator is named by torch, Ray and the launcher; `torch_device_type` and
-    `dist_backend` differ from `name` only after `computing_on("cpu")` (fake GPUs in tests)."""
+    `dist_backend` differ from `name` only for the tests' fake GPUs (placed as GPUs, computing on CPU)."""
 
     name: str  # "cuda" | "npu" | "cpu"
     torch_device_type: str  # "cuda" | "npu" | "cpu"
@@ -45,12 +43,7 @@ class DeviceKind:
         """"4 GPUs", "1 NPU", "0.33 GPU"."""
         return f"{n:g} {self.label}{'' if n == 1 else 's'}"
 
-    def computing_on(self, device_type: str) -> "DeviceKind":
-        """The same placement, with the workers computing on `device_type` ("cpu" for tests)."""
-        return dataclasses.replace(self, torch_device_type=device_type, dist_backend=DIST_BACKENDS[device_type])
 
-
-DIST_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
 KINDS: dict[str, DeviceKind] = {
     "cuda": DeviceKind("cuda", "cuda", "GPU", "CUDA_VISIBLE_DEVICES", "nccl"),
     "npu": DeviceKind("npu", "npu", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "hccl"),
@@ -60,14 +53,13 @@ KINDS: dict[str, DeviceKind] = {
 
 def detect(accelerator: str = "auto") -> DeviceKind:
     """The `DeviceKind` of `devices.accelerator`; "auto": cuda, else npu if torch sees one, else cpu."""
-    name = accelerator
-    if name == "auto":
+    if accelerator == "auto":
         import torch
 
-        name = "cuda" if torch.cuda.is_available() else "npu" if local_device_count("npu") > 0 else "cpu"
-    if name not in KINDS:
-        raise ValueError(f"devices.accelerator is {name!r}; allowed values: cpu, cuda, npu, auto")
-    return KINDS[name]
+        accelerator = "cuda" if torch.cuda.is_available() else "npu" if local_device_count("npu") > 0 else "cpu"
+    if accelerator not in KINDS:
+        raise ValueError(f"devices.accelerator is {accelerator!r}; allowed values: cpu, cuda, npu, auto")
+    return KINDS[accelerator]
 
 
 def local_device_count(name: str) -> int:
@@ -114,13 +106,10 @@ def resolve_dtype(name: str, device_type: str) -> str:
 
 
 def compute_dtype(name: str, device_type: str = "cpu") -> "torch.dtype":
-    """The torch dtype of a dtype key's value; "auto" resolves for `device_type`."""
+    """The torch dtype of a dtype key's value (config.py checked it); "auto" resolves for `device_type`."""
     import torch
 
-    name = resolve_dtype(name, device_type)
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
-    return getattr(torch, name)
+    return getattr(torch, resolve_dtype(name, device_type))
 
 
 @dataclass(frozen=True)
@@ -142,20 +131,16 @@ class Pool:
         return "STRICT_PACK" if len(self.nodes) == 1 else "SPREAD"
 
     def per_node(self) -> dict[int, list[int]]:
-        """Plan node -> local device indices of this pool there."""
-        out: dict[int, list[int]] = {}
-        for node, device in self.slots:
-            out.setdefault(node, []).append(device)
-        return out
+        """Plan node -> local device indices of this pool there, nodes in the order of the slots."""
+        return {node: [d for n, d in self.slots if n == node] for node in dict.fromkeys(n for n, _ in self.slots)}
 
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Rank r of a role occupies bundle `bundles[r]` of pool `pool`, i.e. device `ranks[r]`
-    = (plan node, local device index), taking `share` of it."""
+    """Rank r of a role occupies bundle r of pool `pool`, i.e. device `ranks[r]` = (plan node,
+    local device index), taking `share` of it."""
 
     pool: str
-    bundles: tuple[int, ...]
     ranks: tuple[tuple[int, int], ...]
     share: float  # 1.0 for a separate pool; a fraction when colocated roles share the device
 
@@ -186,21 +171,15 @@ class Placement:
         return sum(r.world_size for r in self.roles.values())
 
 
-def colocated_share(num_roles: int) -> float:
-    """Each of `num_roles` colocated workers' share of a device: 1/n rounded down to 0.01, so n fit in one."""
-    return math.floor(100 / num_roles) / 100
-
-
 def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple[int, int]]:
     """Take `count` devices from plan nodes with `free[node]` devices left (grown as needed): whole
     nodes (always fresh ones), then the remainder on the first node with room."""
     whole, rest = divmod(count, devices_per_node)
     slots: list[tuple[int, int]] = []
     for n in [devices_per_node] * whole + [rest] * (rest > 0):
-        node = next((i for i, f in enumerate(free) if f >= n), None)
-        if node is None:
+        node = next((i for i, f in enumerate(free) if f >= n), len(free))
+        if node == len(free):  # a fresh node
             free.append(devices_per_node)
-            node = len(free) - 1
         used = devices_per_node - free[node]
         slots.extend((node, used + i) for i in range(n))
         free[node] -= n
@@ -214,17 +193,17 @@ def plan_placement(cfg: DictConfig) -> Placement:
     counts = {role: int(dev[role].num_devices) for role in ROLES}
     per_node = int(dev.devices_per_node)
     if dev.backend == "local":
-        roles = {r: RolePlacement(SHARED_POOL, (0,), ((0, 0),), 1.0) for r in ROLES}
+        roles = {r: RolePlacement(SHARED_POOL, ((0, 0),), 1.0) for r in ROLES}
         return Placement("local", per_node, (Pool(SHARED_POOL, ROLES, ((0, 0),)),), roles)
     free: list[int] = []
     if dev.colocate:
         slots = tuple(_first_fit(free, max(counts.values()), per_node))
         pools: tuple[Pool, ...] = (Pool(SHARED_POOL, ROLES, slots),)
-        share = colocated_share(len(ROLES))
-        roles = {r: RolePlacement(SHARED_POOL, tuple(range(counts[r])), slots[: counts[r]], share) for r in ROLES}
+        share = math.floor(100 / len(ROLES)) / 100  # 1/n rounded down to 0.01, so the n roles fit in one device
+        roles = {r: RolePlacement(SHARED_POOL, slots[: counts[r]], share) for r in ROLES}
     else:
         pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in ROLES)
-        roles = {p.name: RolePlacement(p.name, tuple(range(len(p.slots))), p.slots, 1.0) for p in pools}
+        roles = {p.name: RolePlacement(p.name, p.slots, 1.0) for p in pools}
     return Placement("ray", per_node, pools, roles)
 
 
@@ -271,7 +250,7 @@ def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
             share = format_resources(worker_resources(kind, r.share))
             sleeps = " (its engine sleeps while actor and critic train)" if role == "rollout" else ""
             lines.append(f"    {role:8s} {r.world_size} worker{'s' if r.world_size > 1 else ''}, rank i on "
-                         f"bundle i (bundles {_ranges(r.bundles)}), each {share}{sleeps}")
+                         f"bundle i (bundles {_ranges(range(r.world_size))}), each {share}{sleeps}")
     return lines
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig
@@ -10,15 +10,6 @@ from omegaconf import DictConfig
 from ppo_trainer.batch import Batch
 from ppo_trainer.workers.devices import ROLES, DeviceKind, detect
 from ppo_trainer.workers.roles import Worker, replica_seed
-
-
-class Workers(Protocol):
-    """A backend's handles on the replicas of one role; `call` runs `method` on replica i with
-    `args_per_replica[i]`, concurrently, and returns the results by replica."""
-
-    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]: ...
-    def __len__(self) -> int: ...
-    def shutdown(self) -> None: ...
 
 
 class LocalWorkers:
@@ -38,30 +29,29 @@ class LocalWorkers:
         self.worker = None
 
 
-def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]], total: int) -> Any:
+def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]]) -> Any:
     """Per-replica results for `parts` rows back in the original order (tensors or Batches). A
     result may hold k adjacent rows per input row (n samples per prompt): row i -> i*k .. i*k+k-1."""
     kept = [r for r, part in zip(results, parts) if len(part)]
     if isinstance(kept[0], tuple):
-        return tuple(merge_rows([r[i] for r in results], parts, total) for i in range(len(kept[0])))
+        return tuple(merge_rows([r[i] for r in results], parts) for i in range(len(kept[0])))
     k = len(kept[0]) // len(next(p for p in parts if len(p)))
     order = torch.tensor([i * k + j for part in parts for i in part for j in range(k)], dtype=torch.long)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(total * k)
+    inverse = torch.argsort(order)
     if isinstance(kept[0], Batch):
         return Batch.concat(kept).select(inverse)
-    if isinstance(kept[0], torch.Tensor):
-        width = max(r.shape[1] for r in kept) if kept[0].dim() > 1 else None
-        padded = [r if width is None else torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in kept]
-        return torch.cat(padded)[inverse]
-    raise TypeError(f"cannot merge results of type {type(kept[0]).__name__}")
+    if kept[0].dim() > 1:  # [rows, T] trimmed to each replica's longest response: pad to the widest
+        width = max(r.shape[1] for r in kept)
+        kept = [torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in kept]
+    return torch.cat(kept)[inverse]
 
 
 class WorkerGroup:
-    """The replicas of one role ("actor", "critic" or "rollout")."""
+    """The replicas of one role ("actor", "critic" or "rollout"). `workers`, the backend's handles on
+    them (`LocalWorkers`, `ray_backend.RayWorkers`): `call(method, args_per_replica, kwargs)` runs
+    `method` on replica i with `args_per_replica[i]`, concurrently, and returns the results by replica."""
 
-    def __init__(self, role: str, workers: Workers):
-        self.role = role
+    def __init__(self, workers: Any):
         self.workers = workers
 
     def __len__(self) -> int:
@@ -83,8 +73,7 @@ class WorkerGroup:
             return self.workers.call(method, [(batch, *args, *seeds[0])], kwargs)[0]
         parts = batch.deal(replicas)
         shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
-        results = self.workers.call(method, shards, kwargs)
-        return merge_rows(results, parts, len(batch))
+        return merge_rows(self.workers.call(method, shards, kwargs), parts)
 
     def shutdown(self) -> None:
         self.workers.shutdown()
@@ -97,5 +86,5 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
     if cfg.devices.backend == "ray":
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
-        return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
-    return {role: WorkerGroup(role, LocalWorkers(Worker(role, cfg, kind.torch_device_type))) for role in ROLES}
+        return {role: WorkerGroup(workers) for role, workers in build_ray_groups(cfg, kind).items()}
+    return {role: WorkerGroup(LocalWorkers(Worker(role, cfg, kind.torch_device_type))) for role in ROLES}

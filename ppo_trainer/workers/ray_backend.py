@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -102,31 +103,18 @@ class WorkerHost:
     """The body of one Ray actor: one `roles.Worker` for one rank. Built in two steps (start, then
     `build`) so that every rank of a process group runs before any blocks in the rendezvous."""
 
-    def __init__(self, role: str, rank: int, ray_resource: str, visible_env: Optional[str]):
-        self.role, self.rank = role, rank
-        self.ray_resource, self.visible_env = ray_resource, visible_env
+    def __init__(self, role: str, rank: int, kind: DeviceKind):
+        self.role, self.rank, self.kind = role, rank, kind
         self.worker: Any = None
-
-    def _device_ids(self) -> list[str]:
-        return ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource, [])
 
     def device_index(self) -> int:
         """Index, among the devices this process sees, of the device Ray assigned to it."""
-        ids = self._device_ids()
-        visible = os.environ.get(self.visible_env or "", "")
+        ids = ray.get_runtime_context().get_accelerator_ids().get(self.kind.ray_resource, [])
+        visible = os.environ.get(self.kind.visible_env or "", "")
         if not ids or not visible:
             return int(ids[0]) if ids else 0
         order = [v.strip() for v in visible.split(",")]
         return order.index(ids[0]) if ids[0] in order else 0
-
-    def node_info(self) -> dict[str, Any]:
-        """Where this worker runs: Ray node id and address, pid, devices, distributed env vars."""
-        return {
-            "role": self.role, "rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
-            "address": ray.util.get_node_ip_address(), "pid": os.getpid(), "device_ids": self._device_ids(),
-            "visible_devices": os.environ.get(self.visible_env) if self.visible_env else None,
-            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
-        }
 
     def rendezvous(self) -> tuple[str, int]:
         """(address, free port) of this node for the process group's store (rank 0 only)."""
@@ -135,7 +123,7 @@ class WorkerHost:
             s.bind((address, 0))
             return address, s.getsockname()[1]
 
-    def build(self, cfg: DictConfig, device_type: str, rendezvous: Optional[tuple[str, int]], world_size: int) -> None:
+    def build(self, cfg: DictConfig, rendezvous: Optional[tuple[str, int]], world_size: int) -> None:
         from ppo_trainer.workers.roles import Worker
 
         index = self.device_index()
@@ -145,6 +133,7 @@ class WorkerHost:
                               WORLD_SIZE=str(world_size), LOCAL_RANK=str(index))
             if address.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
                 os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo would otherwise pick the hostname's interface
+        device_type = self.kind.torch_device_type
         self.worker = Worker(self.role, cfg, device_type if device_type == "cpu" else f"{device_type}:{index}")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -152,15 +141,13 @@ class WorkerHost:
 
 
 def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool) -> list[Any]:
-    """One `WorkerHost` actor per rank of `role`, rank r in bundle `placement.bundles[r]`."""
-    resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords
-    options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0)}
-    if resources:
-        options["resources"] = resources
+    """One `WorkerHost` actor per rank of `role`, rank r in bundle r of the pool."""
+    resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords, the rest apart
+    options = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0), "resources": resources}
     host = ray.remote(WorkerHost)
     return [host.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pool.pg, placement_group_bundle_index=bundle)).remote(role, rank, kind.ray_resource, kind.visible_env)
-            for rank, bundle in enumerate(placement.bundles)]
+                pool.pg, placement_group_bundle_index=rank)).remote(role, rank, kind)
+            for rank in range(placement.world_size)]
 
 
 def _describe(error: BaseException) -> str:
@@ -183,8 +170,8 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The `Workers` of one role on Ray: the constructor launches the builds, the first `call` waits
-    for them. A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
+    """The workers of one role on Ray: the constructor launches the builds, `ready` waits for them.
+    A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
@@ -194,20 +181,16 @@ class RayWorkers:
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
-        self._starting: Optional[list[Any]] = [h.build.remote(cfg, kind.torch_device_type, rendezvous,
-                                                              placement.world_size) for h in self.hosts]
+        self.starting = [h.build.remote(cfg, rendezvous, placement.world_size) for h in self.hosts]
 
     def __len__(self) -> int:
         return len(self.hosts)
 
     def ready(self) -> None:
         """Wait until every rank has built its worker."""
-        if self._starting is not None:
-            refs, self._starting = self._starting, None
-            self._gather(refs, "start")
+        self._gather(self.starting, "start")
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
-        self.ready()
         refs: dict[int, Any] = {}
 
         def put(value: Any) -> Any:
@@ -234,13 +217,12 @@ class RayWorkers:
                 results[rank_of[done[0]]] = ray.get(done[0])
             except Exception as error:  # noqa: BLE001  (any remote failure is reported the same way)
                 failures = [(rank_of[done[0]], error)]
-                if pending:
-                    more, _ = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
-                    for ref in more:
-                        try:
-                            ray.get(ref)
-                        except Exception as other:  # noqa: BLE001
-                            failures.append((rank_of[ref], other))
+                more, _ = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)  # [] when none left
+                for ref in more:
+                    try:
+                        ray.get(ref)
+                    except Exception as other:  # noqa: BLE001
+                        failures.append((rank_of[ref], other))
                 self._fail(what, failures)
         return results
 
@@ -258,10 +240,8 @@ class RayWorkers:
 
     def _kill(self) -> None:
         for h in self.hosts:
-            try:
+            with contextlib.suppress(Exception):  # already dead
                 ray.kill(h)
-            except Exception:  # noqa: BLE001  (already dead)
-                pass
 
     def shutdown(self) -> None:
         """Kill the actors; the pool's placement group goes with its last role."""

@@ -4,7 +4,6 @@ a backend drives (the local backend holds one, the Ray backend one per Ray actor
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,13 @@ from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
 from ppo_trainer.workers.devices import DISTRIBUTED_ROLES
 
-_LIBC_NAME = ctypes.util.find_library("c")
-_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
+_PROCESS_SYMBOLS = ctypes.CDLL(None)  # libc's among them
 
 
 def release_freed_host_memory() -> None:
     """`malloc_trim(0)`: an update frees thousands of tensors below glibc's mmap threshold, and
     without it a CPU run's resident size climbs step after step. A no-op outside glibc."""
-    trim = getattr(_LIBC, "malloc_trim", None)
+    trim = getattr(_PROCESS_SYMBOLS, "malloc_trim", None)
     if trim is not None:
         trim(0)
 

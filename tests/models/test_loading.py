@@ -96,16 +96,18 @@ def test_folder_without_config_is_rejected(tmp_path: Path) -> None:
         resolve_model_path(str(tmp_path))
 
 
-def test_uncached_hub_name_offline_fails_with_one_line() -> None:
+def test_uncached_hub_name_offline_fails_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelPathError) as err:
-        resolve_model_path("someone/not-a-cached-model", offline=True)
+        resolve_model_path("someone/not-a-cached-model")
     assert "neither a local folder nor in the Hugging Face cache, and the hub is offline" in str(err.value)
     assert "\n" not in str(err.value)
 
 
-def test_smollm2_hub_name_offline_suggests_the_embedded_copy() -> None:
+def test_smollm2_hub_name_offline_suggests_the_embedded_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelPathError, match="use model.path=embedded:smollm2-135m-instruct"):
-        resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct", offline=True)
+        resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 def test_hub_offline_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,6 +173,7 @@ def test_embedded_smollm2_converts_once_then_loads_from_cache(caplog: pytest.Log
     with caplog.at_level(logging.INFO, logger="ppo_trainer"):
         first = resolve_model_path("embedded:smollm2-135m-instruct")
         caplog.clear()
+        loading._announced.clear()  # the first call may have served it from the cache already
         second = resolve_model_path("embedded:smollm2-135m-instruct")
     assert first == second
     assert "served from the cache" in caplog.text and "quantised" in caplog.text

@@ -13,7 +13,7 @@ from .conftest import MAX_NEW_TOKENS, load_model, reference_logprobs, sampler_co
 
 @pytest.fixture(scope="module")
 def hf_eos_sampler(eos_model_dir):
-    return HFSampler.from_pretrained(eos_model_dir, sampler_config(), batch_size=5)
+    return HFSampler(eos_model_dir, sampler_config(), batch_size=5)
 
 
 @pytest.fixture(params=["hf", "vllm"])
@@ -200,7 +200,7 @@ def leaky_model_dir(eos_model_dir, tmp_path_factory):
 
 
 def test_the_hf_sampler_ignores_the_models_generation_config(leaky_model_dir, prompts):
-    hf = HFSampler.from_pretrained(leaky_model_dir, sampler_config(temperature=0.9), batch_size=8)
+    hf = HFSampler(leaky_model_dir, sampler_config(temperature=0.9), batch_size=8)
     assert hf.model.generation_config.repetition_penalty == 1.8  # the model does carry its settings
     out = hf.generate(prompts, 4, seed=1)
     assert out.response_length > 2, "its min_p / max_new_tokens would end every response at once"

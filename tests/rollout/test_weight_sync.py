@@ -80,12 +80,12 @@ def test_vllm_matches_the_lora_actor_after_syncing_merged_weights(vllm_sampler, 
 
 def test_hf_sampler_with_its_own_copy_matches_the_actor_only_after_sync(tiny_model_dir, prompts):
     actor = load_model(tiny_model_dir)
-    sampler = HFSampler.from_pretrained(tiny_model_dir, sampler_config(), batch_size=8)
+    sampler = HFSampler(tiny_model_dir, sampler_config(), batch_size=8)
     assert sampler.model is not actor and not sampler.model.training, "its own copy, in eval mode (no dropout)"
     check_sync(sampler, actor, prompts, merged_state=actor.state_dict)
 
 
 def test_hf_sync_rejects_names_the_model_does_not_have(tiny_model_dir):
-    sampler = HFSampler.from_pretrained(tiny_model_dir, sampler_config())
+    sampler = HFSampler(tiny_model_dir, sampler_config())
     with pytest.raises(KeyError, match="unknown"):
         sampler.sync_weights({"model.not_a_layer.weight": torch.zeros(1)})

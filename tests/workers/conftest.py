@@ -3,18 +3,21 @@
 Node "a" (the head) has 2 fake GPUs; node "b" has 2 fake GPUs and 2 fake NPUs. Tests join it
 through `devices.ray.address` (the code path of a user's existing cluster) and plan with
 `devices.devices_per_node=2`. Workers place on the fake devices but compute on CPU
-(`DeviceKind.computing_on("cpu")`): Ray still sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES.
+(`computing_on_cpu`): Ray still sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
+
+from ppo_trainer.workers.devices import DeviceKind
 
 NODE_CPUS = 4
 NODE_GPUS = 2
@@ -65,9 +68,35 @@ def ray_cluster() -> Iterator[str]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def computing_on_cpu(kind: DeviceKind) -> DeviceKind:
+    """`kind`'s placement (Ray resource, visible-devices variable) with the workers computing on CPU over gloo."""
+    return dataclasses.replace(kind, torch_device_type="cpu", dist_backend="gloo")
+
+
 def ray_overrides(address: str, colocate: bool = False, **roles: int) -> list[str]:
     """Overrides of a Ray run on the session cluster with `roles` devices per role."""
     out = ["devices.backend=ray", "devices.accelerator=cuda", "devices.devices_per_node=2",
            f"devices.colocate={str(colocate).lower()}", f"devices.ray.address={address}"]
     out += [f"devices.{role}.num_devices={n}" for role, n in roles.items()]
     return out
+
+
+def node_info(hosts: list) -> list[dict[str, Any]]:
+    """Where each `WorkerHost` actor runs: Ray node id and address, pid, devices, distributed env vars."""
+    import ray
+
+    def report(host) -> dict[str, Any]:  # nested: cloudpickle ships it by value into the actor
+        import os
+
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "role": host.role, "rank": host.rank, "node_id": context.get_node_id(),
+            "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
+            "device_ids": context.get_accelerator_ids().get(host.kind.ray_resource, []),
+            "visible_devices": os.environ.get(host.kind.visible_env) if host.kind.visible_env else None,
+            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
+        }
+
+    return ray.get([h.__ray_call__.remote(report) for h in hosts])

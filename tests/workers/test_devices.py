@@ -14,11 +14,12 @@ from ppo_trainer.workers.devices import (
     ClusterNode,
     PlacementError,
     assign_nodes,
-    colocated_share,
     detect,
     plan_placement,
     ray_init_kwargs,
 )
+
+from .conftest import computing_on_cpu
 
 
 def test_explicit_accelerators_map_to_ray_resource_visible_variable_and_backend():
@@ -44,7 +45,7 @@ def test_auto_detects_cpu_on_this_machine_and_rejects_unknown_names():
 
 
 def test_computing_on_cpu_keeps_the_ray_resource_and_switches_to_gloo():
-    kind = detect("cuda").computing_on("cpu")
+    kind = computing_on_cpu(detect("cuda"))
     assert (kind.ray_resource, kind.visible_env) == ("GPU", "CUDA_VISIBLE_DEVICES")
     assert (kind.torch_device_type, kind.dist_backend) == ("cpu", "gloo")
 
@@ -87,9 +88,9 @@ def test_colocated_preset_shares_8_devices_rank_i_of_every_role_on_device_i():
     (pool,) = p.pools
     assert pool.roles == ("actor", "critic", "rollout") and len(pool.slots) == 8
     for role in ("actor", "critic", "rollout"):
-        assert p.roles[role].bundles == tuple(range(8))
+        assert p.roles[role].ranks == pool.slots  # rank i on bundle i
         assert p.roles[role].share == 0.33
-    assert colocated_share(3) * 3 <= 1.0
+    assert p.roles["actor"].share * 3 <= 1.0
     assert (p.num_devices, p.num_nodes, p.num_workers) == (8, 1, 24)
 
 

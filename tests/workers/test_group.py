@@ -36,14 +36,14 @@ def test_each_replica_samples_with_its_own_seed_and_one_replica_keeps_the_seed()
     seeds = {}
     for replicas in (1, 2, 4):
         workers = Recording(replicas)
-        group = WorkerGroup("rollout", workers)
+        group = WorkerGroup(workers)
         out = group.run_split("generate", prompts(8), 2, seed=1234)
         torch.testing.assert_close(out, prompts(8).input_ids.float())  # rows come back in order
         seeds[replicas] = [args[-1] for args in workers.calls]
     assert seeds[1] == [1234]
     assert len(set(seeds[4])) == 4 and seeds[2] == seeds[4][:2]
     again = Recording(4)
-    WorkerGroup("rollout", again).run_split("generate", prompts(8), 2, seed=1234)
+    WorkerGroup(again).run_split("generate", prompts(8), 2, seed=1234)
     assert [args[-1] for args in again.calls] == seeds[4]  # deterministic
 
 
@@ -70,7 +70,7 @@ def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_rng_and_memory
     assert torch.equal(worker.rng_state()["cpu"], torch.manual_seed(7).get_state())  # seeded per rank (0: the seed)
     worker.call("compute_logprobs", "rows")
     worker.call("update", "batch")
-    assert trims == [1], "host memory is trimmed after an update, not after scoring"
+    assert trims == [1, 1], "host memory is trimmed after every call (scoring and update alike)"
     worker.call("save", str(tmp_path))
     worker.call("load", str(tmp_path))
     assert worker.engine.calls == [

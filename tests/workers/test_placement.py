@@ -12,7 +12,7 @@ import pytest
 from ppo_trainer.config import compose
 from ppo_trainer.workers.devices import PlacementError, detect, plan_placement
 
-from .conftest import ray_overrides
+from .conftest import computing_on_cpu, node_info, ray_overrides
 
 ray = pytest.importorskip("ray")
 
@@ -23,7 +23,7 @@ def live_placement_groups() -> int:
 
 @contextmanager
 def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
-    """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's node_info."""
+    """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's `node_info`."""
     from ppo_trainer.workers.ray_backend import PlacementPool, fit_on_cluster, spawn_hosts, start_ray
 
     start_ray(cfg, kind)
@@ -32,7 +32,7 @@ def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
     pools = {p.name: PlacementPool(p, kind, node_ids) for p in placement.pools}
     hosts = {r: spawn_hosts(r, kind, placement.roles[r], pools[placement.roles[r].pool]) for r in placement.roles}
     try:
-        yield {r: ray.get([h.node_info.remote() for h in hs]) for r, hs in hosts.items()}
+        yield {r: node_info(hs) for r, hs in hosts.items()}
     finally:
         for hs in hosts.values():
             for h in hs:
@@ -45,7 +45,7 @@ def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
 def colocated_hosts(ray_cluster):
     """Colocated roles over 3 shared devices: plan node 0 holds devices 0-1, plan node 1 device 0."""
     cfg = compose(ray_overrides(ray_cluster, colocate=True, actor=3, critic=1, rollout=1) + ["sampler.n=2"])
-    with placed_hosts(cfg, detect("cuda").computing_on("cpu")) as hosts:
+    with placed_hosts(cfg, computing_on_cpu(detect("cuda"))) as hosts:
         yield hosts
 
 
@@ -64,7 +64,7 @@ def test_colocated_ranks_share_their_bundles_device_and_a_pool_spans_two_nodes(c
 def test_npu_pool_lands_on_the_node_announcing_npus_with_ascend_visible_devices(ray_cluster):
     cfg = compose(ray_overrides(ray_cluster, colocate=True, actor=1, critic=1, rollout=1)
                   + ["devices.accelerator=npu"])
-    kind = detect("npu").computing_on("cpu")
+    kind = computing_on_cpu(detect("npu"))
     npu_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("NPU")]
     with placed_hosts(cfg, kind) as hosts:
         infos = [i for role in hosts.values() for i in role]
@@ -94,7 +94,7 @@ def test_more_devices_than_the_cluster_has_fails_fast_naming_role_and_numbers(ra
     before = live_placement_groups()
     start = time.monotonic()
     with pytest.raises(PlacementError) as e:
-        build_groups(cfg, detect("cuda").computing_on("cpu"))
+        build_groups(cfg, computing_on_cpu(detect("cuda")))
     assert time.monotonic() - start < 30
     message = str(e.value)
     assert message.startswith("devices.critic.num_devices=8 GPUs do not fit: the cluster has 4 GPUs free, "

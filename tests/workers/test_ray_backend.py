@@ -22,7 +22,7 @@ from ppo_trainer.rollout.base import assemble_rollout, prompts_to_batch
 from ppo_trainer.workers.devices import detect, plan_placement
 from ppo_trainer.workers.group import build_groups
 
-from .conftest import ray_overrides
+from .conftest import computing_on_cpu, node_info, ray_overrides
 
 ray = pytest.importorskip("ray")
 
@@ -91,7 +91,7 @@ def ray_cfg(ray_cluster, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def ray_groups(ray_cfg):
-    groups = build_groups(ray_cfg, detect("cuda").computing_on("cpu"))
+    groups = build_groups(ray_cfg, computing_on_cpu(detect("cuda")))
     yield groups
     for group in groups.values():
         group.shutdown()
@@ -107,10 +107,8 @@ def local_groups(tiny_model_dir):
 
 
 def infos(group) -> list[dict]:
-    """`WorkerHost.node_info` of every rank of a Ray group."""
-    import ray
-
-    return ray.get([h.node_info.remote() for h in group.workers.hosts])
+    """`node_info` of every rank of a Ray group."""
+    return node_info(group.workers.hosts)
 
 
 def test_workers_run_where_the_plan_says(ray_cfg, ray_groups):
