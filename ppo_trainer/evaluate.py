@@ -25,6 +25,7 @@ from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
 from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
 from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
 from ppo_trainer.rollout.base import prompts_to_batch
+from ppo_trainer.tracking import engine_output_to_file
 
 logger = logging.getLogger("ppo_trainer")
 
@@ -169,24 +170,27 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
-        for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
-            output_file = default_file if len(targets) == 1 else default_file.with_suffix(f".{i}{default_file.suffix}")
-            tokenizer = load_tokenizer(model_dir)
-            records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
-            logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
-            sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
-                                    max_prompt_length=max(len(r.prompt_ids) for r in records),
-                                    trust_remote_code=cfg.model.trust_remote_code)
-            start = time.perf_counter()
-            try:
-                result = evaluate_records(lambda prompts: sampler.generate(prompts, 1, seed=0, greedy=True), records,
-                                          reward_fn, pad_id=tokenizer.pad_token_id, batch_size=cfg.eval.batch_size,
-                                          correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
-                                          extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
-            finally:
-                del sampler
-                gc.collect()  # the next model's engine gets the memory
-            results.append({"model": path, "step": step, **result, "seconds": time.perf_counter() - start})
+        # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
+        with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose):
+            for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
+                numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
+                output_file = default_file if len(targets) == 1 else numbered
+                tokenizer = load_tokenizer(model_dir)
+                records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
+                logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
+                sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
+                                        max_prompt_length=max(len(r.prompt_ids) for r in records),
+                                        trust_remote_code=cfg.model.trust_remote_code)
+                start = time.perf_counter()
+                try:
+                    result = evaluate_records(lambda batch: sampler.generate(batch, 1, seed=0, greedy=True), records,
+                                              reward_fn, pad_id=tokenizer.pad_token_id, batch_size=cfg.eval.batch_size,
+                                              correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
+                                              extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
+                finally:
+                    del sampler
+                    gc.collect()  # the next model's engine gets the memory
+                results.append({"model": path, "step": step, **result, "seconds": time.perf_counter() - start})
     print(format_results(results, cfg.reward.mode))
     return results
 

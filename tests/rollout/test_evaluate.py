@@ -4,6 +4,7 @@ jsonl row per prompt; the model forms ppo-eval accepts."""
 from __future__ import annotations
 
 import functools
+import os
 import json
 
 import pytest
@@ -136,3 +137,20 @@ def test_scripted_sampler_sees_unpadded_prompts():
     sampler.generate = spy
     evaluate_records(sampler.generate, records(2), REWARD, pad_id=0)
     assert seen == [[1, 2, 3], [1, 2, 4]]
+
+
+def test_run_eval_sends_the_engines_output_to_engine_log(tiny_model_dir, tmp_path, monkeypatch, capfd):
+    import ppo_trainer.evaluate as evaluate_module
+    import ppo_trainer.rollout.vllm as vllm_module
+
+    def chatty_sampler(*args, **kwargs):  # an engine that writes to the process's descriptors, as vLLM does
+        os.write(2, b"engine warning on fd 2\n")
+        return ScriptedSampler(["#### 0"] * 3)
+
+    monkeypatch.setattr(vllm_module, "check_vllm_available", lambda: "vLLM is not installed")
+    monkeypatch.setattr(evaluate_module, "build_sampler", chatty_sampler)
+    run_eval([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3", f"trainer.output_dir={tmp_path}"])
+    console = capfd.readouterr()
+    assert "engine warning" not in console.out + console.err
+    assert "ppo-eval: accuracy" in console.out
+    assert "engine warning on fd 2" in (tmp_path / "engine.log").read_text()
