@@ -121,11 +121,9 @@ class HFSampler:
         holds one, by bisection (a prefix that holds one keeps holding it as it grows)."""
         eos_at = None if self.cfg.ignore_eos else next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
         head = ids if eos_at is None else ids[:eos_at]
-        if self.cfg.stop:
-            def holds_stop(k: int) -> bool:
-                return cut_at_stop(self.tokenizer.decode(head[:k], skip_special_tokens=True), self.cfg.stop)[1]
+        def holds_stop(k: int) -> bool:
+            return cut_at_stop(self.tokenizer.decode(head[:k], skip_special_tokens=True), self.cfg.stop)[1]
 
-            length = bisect.bisect_left(range(1, len(head) + 1), True, key=holds_stop) + 1  # len(head) + 1: none
-            if length <= len(head):
-                return length, True
+        if self.cfg.stop and holds_stop(len(head)):  # one decode for the rows (most) that hold none
+            return bisect.bisect_left(range(1, len(head) + 1), True, key=holds_stop) + 1, True
         return (len(ids), False) if eos_at is None else (eos_at + 1, True)
