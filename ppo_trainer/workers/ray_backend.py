@@ -88,6 +88,10 @@ class PlacementPool:
                 "reported the resources free; another job may have taken them meanwhile"
             )
 
+    def acquire(self) -> "PlacementPool":
+        self.users += 1
+        return self
+
     def release(self) -> None:
         self.users -= 1
         if self.users <= 0:
@@ -176,8 +180,7 @@ class RayWorkers:
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
         self.distributed = role in DISTRIBUTED_ROLES
-        self.pool: Optional[PlacementPool] = pool
-        pool.users += 1
+        self.pool: Optional[PlacementPool] = pool.acquire()
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
         rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
