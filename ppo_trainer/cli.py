@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
                                 validate_static)
+from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels
 
 log = logging.getLogger("ppo_trainer")
 
@@ -52,11 +53,9 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             job_dir = Path(cfg.trainer.output_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
-        from ppo_trainer.tracking import engine_output_to_file
-        from ppo_trainer.trainer import run_training
-
-        _engine_log_levels(cfg.trainer.verbose)
         with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
+            from ppo_trainer.trainer import run_training  # after the engines' log levels are set
+
             log.info("dtypes: %s", dtype_summary(cfg))
             return run_training(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
@@ -157,19 +156,10 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         _exit("ppo-eval: input error", e, 2)
 
 
-# The engines' log levels (quiet, trainer.verbose=true), read at their import; the environment's win.
-_ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
-_USER_SET = {var for var in _ENGINE_LOG_LEVELS if var in os.environ}
-
-
-def _engine_log_levels(verbose: bool) -> None:
-    os.environ.update({var: levels[verbose] for var, levels in _ENGINE_LOG_LEVELS.items() if var not in _USER_SET})
-
-
 def _quiet_third_party_logs(console: bool = True) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    _engine_log_levels(verbose=False)  # transformers: no per-load reports or progress bars
+    set_engine_log_levels(verbose=False)  # transformers: no per-load reports or progress bars
     if console:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):

@@ -55,11 +55,25 @@ def console_stream() -> TextIO:
     return _console or sys.stdout
 
 
+# The engines' log levels (quiet, verbose), read when they are imported; a level the user set wins.
+ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
+_user_set_levels: Optional[set[str]] = None
+
+
+def set_engine_log_levels(verbose: bool) -> None:
+    global _user_set_levels
+    if _user_set_levels is None:  # the first call sees the user's environment; later ones see ours
+        _user_set_levels = {var for var in ENGINE_LOG_LEVELS if var in os.environ}
+    os.environ.update({var: levels[verbose] for var, levels in ENGINE_LOG_LEVELS.items()
+                       if var not in _user_set_levels})
+
+
 @contextlib.contextmanager
 def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[None]:
-    """Append descriptors 1 and 2 (not sys.stdout: C++ warnings and child processes inherit them) to
+    """Set the engines' log levels (`set_engine_log_levels`) and append descriptors 1 and 2 (not sys.stdout: C++ warnings and child processes inherit them) to
     `log_path`; `console_stream` and the "ppo_trainer" logger stay on the terminal. An empty log is removed."""
     global _console
+    set_engine_log_levels(verbose)
     if verbose:
         yield
         return
