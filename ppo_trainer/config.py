@@ -478,8 +478,11 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 # --- Composition: the YAML tree in configs/, command-line overrides checked against the schema
 
 # ppo_trainer/configs/ in an installed wheel (package data), configs/ at the root of a checkout.
-CONFIG_DIR = next(d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
-                  if (d / "ppo.yaml").is_file())
+CONFIG_DIR = next((d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+                   if (d / "ppo.yaml").is_file()), None)
+if CONFIG_DIR is None:
+    raise ImportError(f"ppo_trainer: no configs/ppo.yaml in {Path(__file__).parent} or its parent; the install "
+                      "lacks its package data: reinstall (rm -rf build *.egg-info && pip install .)")
 CONFIG_NAME = "ppo"
 
 
