@@ -13,6 +13,16 @@ def _response() -> Any:
     return field(default=None, metadata={"block": "response"})
 
 
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> list[list[int]]:
+    """Row indices of the rows with identical prompts (tokens and mask of the prompt block), each
+    group in row order, groups in the order of their first row. input_ids, attention_mask: [B, P+T]."""
+    groups: dict[tuple, list[int]] = {}
+    prompts = torch.cat([input_ids[:, :prompt_length], attention_mask[:, :prompt_length]], dim=1)
+    for row, key in enumerate(map(tuple, prompts.tolist())):
+        groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
 @dataclass
 class Batch:
     """One step's sequences. Rows are sequences; a prompt's `n` samples are adjacent.
@@ -131,16 +141,24 @@ class Batch:
                 out[name] = torch.nn.functional.pad(value, (0, extra), value=fill)
         return self.with_fields(**out)
 
+    def prompt_groups(self) -> list[list[int]]:
+        """Row indices of the rows with identical prompts (a prompt's samples), as `prompt_groups`."""
+        return prompt_groups(self.input_ids, self.attention_mask, self.prompt_length)
+
     def deal(self, parts: int) -> list[list[int]]:
-        """Row indices (ascending) in `parts` shares of near-equal real tokens: longest rows first,
-        each to the lightest share. Deterministic, so every rank computes the same split."""
+        """Row indices (ascending) in `parts` shares of near-equal real tokens: heaviest first, each
+        to the lightest share. The rows of one prompt stay in one share (their forward shares the
+        prompt) while there are at least `parts` prompts. Deterministic: every rank splits alike."""
         tokens = self.num_tokens().tolist()
+        groups = self.prompt_groups()
+        units = groups if len(groups) >= parts else [[i] for i in range(len(tokens))]
+        weight = [sum(tokens[i] for i in unit) for unit in units]
         load = [0] * parts
         shares: list[list[int]] = [[] for _ in range(parts)]
-        for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
+        for u in sorted(range(len(units)), key=lambda u: (-weight[u], units[u][0])):
             target = min(range(parts), key=lambda k: (load[k], len(shares[k])))
-            shares[target].append(i)
-            load[target] += tokens[i]
+            shares[target] += units[u]
+            load[target] += weight[u]
         return [sorted(s) for s in shares]
 
     def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":

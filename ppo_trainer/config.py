@@ -111,7 +111,7 @@ class GaeConfig:
 class AlgorithmConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 8  # prompts per mini-batch (x sampler.n sequences)
-    ppo_micro_batch_tokens: int = 4096  # token budget of one forward/backward per device
+    ppo_micro_batch_tokens: int = 4096  # tokens of one forward/backward per device (a shared prompt counts once)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     dual_clip: Optional[float] = None  # c > 1 bounds the loss of negative advantages
@@ -127,7 +127,7 @@ class AlgorithmConfig:
     rollout_correction_cap: float = 2.0  # tis: token weights truncated at this value
     rollout_correction_low: float = 0.5  # mis: sequences whose geometric-mean ratio is outside
     rollout_correction_high: float = 2.0  # [low, high] get no policy loss
-    shuffle_mini_batches: bool = True
+    shuffle_mini_batches: bool = True  # prompts (with their samples) in a new order every epoch
 
 
 @dataclass

@@ -17,6 +17,7 @@ from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
 from ppo_trainer.models.critic import save_hf_weights
+from ppo_trainer.models.packing import shares_prompts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
@@ -48,7 +49,7 @@ class ActorEngine(FSDPEngine):
         self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
         self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
         super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
-                         total_steps)
+                         total_steps, share_prompts=shares_prompts(lm))
         self.reference: Optional[FSDPEngine] = None
         self.use_reference = use_reference
         if use_reference and not self.policy.is_lora:
@@ -57,7 +58,8 @@ class ActorEngine(FSDPEngine):
                                trust_remote_code=cfg.trust_remote_code, dtype=compute_dtype(self.dtype)),
                 cfg.logprob_chunk_tokens,
             )
-            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
+            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload,
+                                        share_prompts=self.share_prompts)
 
     def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
         batch.require("response_mask", user="scoring")

@@ -14,6 +14,7 @@ from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.critic import ValueModel
+from ppo_trainer.models.packing import shares_prompts
 
 
 class CriticEngine(FSDPEngine):
@@ -41,11 +42,10 @@ class CriticEngine(FSDPEngine):
         optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
                             schedule=cfg.schedule, grad_clip=cfg.grad_clip)
         super().__init__(self.model, self.model.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, optim,
-                         total_steps, fp32_modules=[self.model.value_head])
+                         total_steps, fp32_modules=[self.model.value_head], share_prompts=shares_prompts(self.model.backbone))
 
     def _values(self, micro: Batch) -> torch.Tensor:
-        values = self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_length)
-        return torch.where(micro.response_mask.bool(), values, 0)
+        return self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """[B, T] float32 V(s_t) for every response token t (the state before t; 0 on padding)."""

@@ -57,12 +57,13 @@ class FSDPEngine:
 
     def __init__(self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
                  cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
-                 fp32_modules: Sequence[nn.Module] = ()) -> None:
+                 fp32_modules: Sequence[nn.Module] = (), share_prompts: bool = False) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device.type)
         if optim is None:
             module.requires_grad_(False)
         self.module = shard_model(module, layers, self.device, compute_dtype(self.dtype), cpu_offload, fp32_modules)
+        self.share_prompts = share_prompts  # the module packs rows that share a prompt (`models.packing`)
         self.optim_cfg = optim
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None
@@ -78,7 +79,7 @@ class FSDPEngine:
         self.module.eval()
         outputs: list[torch.Tensor] = []
         try:
-            for micro in plan_micro_batches(batch, budget):
+            for micro in plan_micro_batches(batch, budget, self.share_prompts):
                 results = fn(micro.batch.to(self.device))
                 if micro.dummy:
                     continue
@@ -93,16 +94,20 @@ class FSDPEngine:
 
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
         """algorithm.ppo_epochs passes over `batch` in mini-batches of `mini_batch_size` sequences, one
-        optimizer step each, shuffled by (seed, previous `train` calls, epoch): the same on every rank and
-        after a resume. Returns `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
+        optimizer step each. Prompts are shuffled by (seed, previous `train` calls, epoch), the same on
+        every rank and after a resume; a prompt's samples stay adjacent, so that a mini-batch holds whole
+        groups whose prompt the forward computes once. Returns `summarize_steps` of `loss_fn`'s
+        statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()
         history: list[dict[str, float]] = []
+        groups = batch.prompt_groups()
         for epoch in range(algorithm.ppo_epochs):
             if algorithm.shuffle_mini_batches:  # a tuple of ints hashes the same in every process
                 generator = torch.Generator().manual_seed(hash((seed, self.updates, epoch)) & 0x7FFF_FFFF_FFFF_FFFF)
-                order = torch.randperm(len(batch), generator=generator)
+                order = torch.tensor([row for g in torch.randperm(len(groups), generator=generator).tolist()
+                                      for row in groups[g]])
             else:
                 order = torch.arange(len(batch))
             for start in range(0, len(batch), mini_batch_size):
@@ -121,7 +126,8 @@ class FSDPEngine:
                              "algorithm.ppo_mini_batch_size or use fewer devices)")
         local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
-        micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy) for m in plan_micro_batches(local, budget)]
+        micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy)
+                 for m in plan_micro_batches(local, budget, self.share_prompts)]
         return accumulate_gradients(micro, loss_fn, counts)
 
     def optimizer_step(self) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`, rows x trimmed width), and
+"""Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`: the tokens a forward computes,
+padded or packed by prompt, `micro_batch_cost`), and
 gradient accumulation that equals one big batch: each micro-batch loss is aggregated with the whole
 mini-batch's counts over all ranks (`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2
 averages gradients over ranks, so the loss is multiplied by the world size before `backward`. FSDP's
@@ -36,38 +37,51 @@ class GlobalCounts:
 LossFn = Callable[[Batch, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def split_by_token_budget(batch: Batch, budget: int) -> list[torch.Tensor]:
-    """Row indices of each micro-batch: greedy, longest rows first, rows x width <= budget."""
-    prompt_lens, response_lens = batch.row_extents()
-    order = torch.argsort(prompt_lens + response_lens, descending=True, stable=True)
+def micro_batch_cost(batch: Batch, share_prompts: bool) -> Callable[[list[int]], int]:
+    """Tokens a forward over rows `rows` of `batch` computes: rows x trimmed width (longest prompt +
+    longest response, at least 1), or with `share_prompts` packed rows x the longest packed row,
+    a packed row being one prompt and the responses of its rows (`models.packing`)."""
+    prompt_lens, response_lens = (x.tolist() for x in batch.row_extents())
+    group_of = {row: g for g, rows in enumerate(batch.prompt_groups()) for row in rows}
+
+    def cost(rows: list[int]) -> int:
+        if not share_prompts:
+            return len(rows) * (max(prompt_lens[i] for i in rows) + max(1, *(response_lens[i] for i in rows)))
+        packed: dict[int, int] = {}
+        for i in rows:
+            packed[group_of[i]] = packed.get(group_of[i], prompt_lens[i]) + response_lens[i]
+        return len(packed) * max(packed.values())
+
+    return cost
+
+
+def split_by_token_budget(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
+    """Row indices of each micro-batch: greedy, costliest units first, `micro_batch_cost` <= budget
+    (a unit over budget alone). A unit is a row, or with `share_prompts` the rows of one prompt."""
+    cost = micro_batch_cost(batch, share_prompts)
+    units = batch.prompt_groups() if share_prompts else [[i] for i in range(len(batch))]
+    units.sort(key=lambda unit: -cost(unit))  # stable: ties keep row order
     groups: list[list[int]] = []
     current: list[int] = []
-    max_p = max_r = 0
-    for i in order.tolist():
-        p, r = int(prompt_lens[i]), int(response_lens[i])
-        new_p, new_r = max(max_p, p), max(max_r, r)
-        if current and (len(current) + 1) * (new_p + max(1, new_r)) > budget:
+    for unit in units:
+        if current and cost(current + unit) > budget:
             groups.append(current)
-            current, new_p, new_r = [], p, r
-        current.append(i)
-        max_p, max_r = new_p, new_r
+            current = []
+        current = current + unit
     if current:
         groups.append(current)
-    return [torch.tensor(g, dtype=torch.long) for g in groups]
+    return groups
 
 
-def plan_micro_batches(batch: Batch, budget: int) -> list[MicroBatch]:
-    """Micro-batches of this rank's rows, as many as the rank that needs the most (a collective
-    call): the costliest groups are halved, and a rank with too few rows pads with dummies."""
+def plan_micro_batches(batch: Batch, budget: int, share_prompts: bool = False) -> list[MicroBatch]:
+    """Micro-batches of this rank's rows (`split_by_token_budget`), as many as the rank that needs
+    the most (a collective call): the costliest groups are halved, and a rank with too few rows
+    pads with dummies."""
     if len(batch) == 0:
         raise ValueError("a rank received no rows; every data-parallel rank needs at least one sequence")
-    groups = split_by_token_budget(batch, budget)
+    groups = split_by_token_budget(batch, budget, share_prompts)
     target = all_reduce_max(len(groups))
-    prompt_lens, response_lens = batch.row_extents()
-
-    def cost(rows: torch.Tensor) -> int:  # rows x trimmed width
-        return len(rows) * (int(prompt_lens[rows].max()) + max(1, int(response_lens[rows].max())))
-
+    cost = micro_batch_cost(batch, share_prompts)
     while len(groups) < target:
         splittable = [g for g in groups if len(g) > 1]
         if not splittable:
@@ -76,10 +90,10 @@ def plan_micro_batches(batch: Batch, budget: int) -> list[MicroBatch]:
         groups.remove(largest)
         half = len(largest) // 2
         groups += [largest[:half], largest[half:]]
-    micro = [MicroBatch(batch.select(rows).trim_padding(), rows) for rows in groups]
+    micro = [MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows)) for rows in groups]
     while len(micro) < target:
         rows = groups[0][:1]
-        micro.append(MicroBatch(batch.select(rows).trim_padding(), rows, dummy=True))
+        micro.append(MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows), dummy=True))
     return micro
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ppo_trainer.config import LoraConfig
+from ppo_trainer.models.packing import states_before_response_tokens
 
 
 def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
@@ -132,16 +133,14 @@ class CausalLMPolicy(nn.Module):
         """Logprobs [B, T] (and entropies [B, T]) of the response tokens; 0 where response_mask is 0.
         `top_k`, `top_p`: the sampler's truncation. input_ids, attention_mask, position_ids: [B, P+T];
         response_mask: [B, T] (T >= 1, P >= 1)."""
-        T = response_mask.shape[1]
-        P = input_ids.shape[1] - T
-        hidden = self.hf_model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                             position_ids=position_ids, use_cache=False).last_hidden_state
+        P = input_ids.shape[1] - response_mask.shape[1]
         valid = response_mask.bool()
-        predicting = hidden[:, P - 1 : P + T - 1][valid]  # [N, H]: the state before each valid token
+        predicting = states_before_response_tokens(self.hf_model.get_decoder(), input_ids, attention_mask,
+                                                   position_ids, response_mask)
         labels = input_ids[:, P:][valid]
         logp, ent = response_logprobs(predicting, self.hf_model.get_output_embeddings(), labels, temperature,
                                       self.chunk_tokens, with_entropy, top_k, top_p)
-        zeros = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device)
+        zeros = torch.zeros(valid.shape, dtype=torch.float32, device=input_ids.device)
         return zeros.masked_scatter(valid, logp), (None if ent is None else zeros.masked_scatter(valid, ent))
 
 

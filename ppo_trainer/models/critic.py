@@ -19,6 +19,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ppo_trainer.models.packing import states_before_response_tokens
+
 VALUE_HEAD_WEIGHTS = "value_head.safetensors"
 VALUE_HEAD_CONFIG = "value_head.json"
 
@@ -73,17 +75,13 @@ class ValueModel(nn.Module):
         return list(self.backbone.get_decoder().layers)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                response_length: int) -> torch.Tensor:
-        """values [B, T] float32 from input_ids, attention_mask, position_ids [B, P+T], with
-        T = response_length >= 1, P >= 1. Padding positions are not masked (mask downstream)."""
-        T = response_length
-        P = input_ids.shape[1] - T
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               use_cache=False).last_hidden_state
-        before_token = hidden[:, P - 1 : P + T - 1]  # [B, T, H]: the state before token t
-        flat = before_token.reshape(-1, hidden.shape[-1]).to(self.value_head.weight.dtype)
-        # a fresh tensor, not a view: FSDP hooks the outputs of its modules for backward
-        return self.value_head(flat).reshape(input_ids.shape[0], T).float().clone()
+                response_mask: torch.Tensor) -> torch.Tensor:
+        """values [B, T] float32 from input_ids, attention_mask, position_ids [B, P+T] and response_mask
+        [B, T] (T >= 1, P >= 1); 0 where response_mask is 0."""
+        valid = response_mask.bool()
+        states = states_before_response_tokens(self.backbone, input_ids, attention_mask, position_ids, response_mask)
+        values = self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        return torch.zeros(valid.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(valid, values)
 
     def save_pretrained(self, folder: str | Path, state_dict: Optional[dict[str, torch.Tensor]] = None,
                         dtype: Optional[torch.dtype] = None) -> None:

@@ -25,15 +25,19 @@ SMALL_BUDGET = 16  # several micro-batches per rank; the longest row (3 + 12 tok
 BIG_BUDGET = 10_000  # one micro-batch
 
 
-def random_batch(prompt_lens: list[int], response_lens: list[int], seed: int = 0) -> Batch:
+def random_batch(prompt_lens: list[int], response_lens: list[int], seed: int = 0, samples: int = 1) -> Batch:
     """Left-padded prompts, right-padded responses, random ids; advantages, returns, values,
-    old/ref logprobs filled with random numbers on real response tokens (0 elsewhere)."""
+    old/ref logprobs filled with random numbers on real response tokens (0 elsewhere). With
+    `samples` > 1, each run of `samples` rows shares the prompt of its first row (a prompt's samples)."""
     gen = torch.Generator().manual_seed(seed)
     B, P, T = len(prompt_lens), max(prompt_lens), max(response_lens)
     ids = torch.zeros(B, P + T, dtype=torch.long)
     attn = torch.zeros(B, P + T, dtype=torch.long)
     for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        first = i - i % samples
+        p = prompt_lens[first]
         ids[i, P - p : P + r] = torch.randint(3, VOCAB, (p + r,), generator=gen)
+        ids[i, P - p : P] = ids[first, P - p : P]
         attn[i, P - p : P + r] = 1
     mask = attn[:, P:].clone()
 

@@ -23,9 +23,10 @@ from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 
 
-@pytest.fixture(scope="module")
-def batch():
-    return random_batch(PROMPT_LENS, RESPONSE_LENS)
+@pytest.fixture(scope="module", params=[1, 2], ids=["own-prompts", "2-samples-per-prompt"])
+def batch(request):
+    """8 rows with their own prompts, or 4 prompts of 2 samples (their forwards pack the prompt once)."""
+    return random_batch(PROMPT_LENS, RESPONSE_LENS, samples=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +156,7 @@ def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir
     critic.save_hf(tmp_path / "critic")
     reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
     with torch.no_grad():
-        got = reloaded(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_length)
+        got = reloaded(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
     torch.testing.assert_close(got * batch.response_mask, critic.compute_values(batch), atol=1e-6, rtol=0)
 
 
@@ -195,3 +196,21 @@ def test_lora_actor_whose_first_forward_is_the_reference_trains_in_bfloat16(tiny
     grads = full_grads(actor.module)
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
     assert any(g.abs().max() > 0 for g in grads.values())
+
+
+def test_shuffled_mini_batches_hold_whole_prompt_groups(tiny_model_dir, monkeypatch):
+    batch = random_batch(PROMPT_LENS * 2, RESPONSE_LENS * 2, samples=4)  # 4 prompts of 4 samples
+    actor = make_actor(tiny_model_dir, algorithm={"shuffle_mini_batches": True})
+    seen: list[list[int]] = []
+
+    def record(mini_batch, loss_fn, budget):
+        seen.append(sorted(map(tuple, mini_batch.input_ids[:, : mini_batch.prompt_length].tolist())))
+        return {}
+
+    monkeypatch.setattr(actor, "backward_mini_batch", record)
+    monkeypatch.setattr(actor, "optimizer_step", lambda: {"grad_norm": 0.0, "lr": 0.0, "skipped_steps": 0.0})
+    for _ in range(3):
+        actor.train(batch, actor.micro_batch_loss, mini_batch_size=8, algorithm=actor.algorithm, seed=0)
+    orders = [[prompts[0], prompts[4]] for prompts in seen[::2]]  # the two prompts of each first mini-batch
+    assert all(len(set(prompts)) == 2 and prompts.count(prompts[0]) == 4 for prompts in seen)
+    assert len({tuple(o) for o in orders}) > 1  # the prompts are shuffled between updates

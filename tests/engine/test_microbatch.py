@@ -31,7 +31,7 @@ def test_split_keeps_padded_tokens_within_budget_and_covers_every_row_once():
     batch = random_batch(PROMPT_LENS * 3, RESPONSE_LENS * 3)
     for budget in (16, 24, 40, 100):
         groups = split_by_token_budget(batch, budget)
-        assert sorted(torch.cat(groups).tolist()) == list(range(len(batch)))
+        assert sorted(sum(groups, [])) == list(range(len(batch)))
         for rows in groups:
             micro = batch.select(rows).trim_padding()
             assert micro.input_ids.numel() <= budget  # rows x padded width
@@ -41,7 +41,7 @@ def test_split_keeps_padded_tokens_within_budget_and_covers_every_row_once():
 def test_a_row_longer_than_the_budget_gets_a_micro_batch_of_its_own():
     batch = random_batch([3, 2, 2], [12, 1, 1])
     groups = split_by_token_budget(batch, 8)
-    assert [g.tolist() for g in groups] == [[0], [1, 2]]
+    assert groups == [[0], [1, 2]]
 
 
 def test_deal_balances_tokens_and_gives_every_rank_a_row():
@@ -61,3 +61,31 @@ def test_single_rank_plan_has_no_dummies_and_counts_are_local():
     assert sorted(torch.cat([m.rows for m in micro]).tolist()) == list(range(len(batch)))
     counts = global_counts(batch)
     assert counts.tokens == sum(RESPONSE_LENS) and counts.seqs == len(batch)
+
+
+def test_rows_of_one_prompt_stay_together_and_packed_tokens_stay_within_budget():
+    batch = random_batch(PROMPT_LENS * 3, RESPONSE_LENS * 3, samples=4)  # 6 prompts of 4 samples
+    groups = batch.prompt_groups()
+    assert groups == [list(range(i, i + 4)) for i in range(0, 24, 4)]
+    for budget in (24, 40, 100):
+        split = split_by_token_budget(batch, budget, share_prompts=True)
+        assert sorted(sum(split, [])) == list(range(len(batch)))
+        for rows in split:
+            assert all(set(g) <= set(rows) or not set(g) & set(rows) for g in groups)
+            prompt_lens, response_lens = batch.select(rows).row_extents()
+            packed = {}  # prompt -> packed row length, by hand
+            for i, p, r in zip(rows, prompt_lens.tolist(), response_lens.tolist()):
+                packed[i // 4] = packed.get(i // 4, p) + r
+            if len(packed) > 1:  # a group over budget gets a micro-batch of its own
+                assert len(packed) * max(packed.values()) <= budget
+    padded = split_by_token_budget(batch, 100)
+    assert len(split_by_token_budget(batch, 100, share_prompts=True)) < len(padded)
+
+
+def test_deal_keeps_a_prompts_rows_in_one_share_while_every_share_gets_one():
+    batch = random_batch(PROMPT_LENS, RESPONSE_LENS, samples=2)  # 4 prompts of 2 samples
+    for parts in (2, 4):
+        shares = batch.deal(parts)
+        assert sorted(sum(shares, [])) == list(range(len(batch)))
+        assert all(len(s) % 2 == 0 and all(i + 1 in s for i in s if i % 2 == 0) for s in shares)
+    assert all(len(s) == 1 for s in batch.deal(8))  # more shares than prompts: rows are dealt alone

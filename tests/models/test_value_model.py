@@ -21,7 +21,7 @@ def make_batch(rows: list[tuple[list[int], list[int]]], pad_id: int = 0):
         ids[i, P - len(p) : P] = torch.tensor(p)
         ids[i, P : P + len(r)] = torch.tensor(r)
         attn[i, P - len(p) : P + len(r)] = 1
-    return ids, attn, (attn.cumsum(1) - 1).clamp(min=0), T
+    return ids, attn, (attn.cumsum(1) - 1).clamp(min=0), attn[:, P:]  # the response mask
 
 
 PROMPT, RESPONSE = [5, 9, 14, 3], [20, 21, 22, 23]
@@ -39,18 +39,18 @@ def value_model(tiny_model_dir):
 
 def test_fresh_head_is_zero_so_first_values_are_zero(tiny_model_dir):
     model = ValueModel.from_pretrained(tiny_model_dir)
-    ids, attn, pos, T = make_batch(ROWS)
+    ids, attn, pos, mask = make_batch(ROWS)
     with torch.no_grad():
-        values = model(ids, attn, pos, T)
-    assert values.shape == (2, T) and values.dtype == torch.float32
+        values = model(ids, attn, pos, mask)
+    assert values.shape == mask.shape and values.dtype == torch.float32
     assert torch.all(values == 0)
 
 
 def test_value_of_token_t_is_read_from_the_state_before_t(value_model):
     """values[t] = head(hidden at P+t-1): the backbone run on prompt + response[:t] alone."""
-    ids, attn, pos, T = make_batch(ROWS)
+    ids, attn, pos, mask = make_batch(ROWS)
     with torch.no_grad():
-        values = value_model(ids, attn, pos, T)
+        values = value_model(ids, attn, pos, mask)
         for t in range(len(RESPONSE)):
             prefix = torch.tensor([PROMPT + RESPONSE[:t]])
             hidden = value_model.backbone(input_ids=prefix).last_hidden_state[0, -1]
@@ -59,24 +59,24 @@ def test_value_of_token_t_is_read_from_the_state_before_t(value_model):
 
 
 def test_changing_response_token_t_changes_values_after_t_only(value_model):
-    ids, attn, pos, T = make_batch(ROWS)
-    P = ids.shape[1] - T
+    ids, attn, pos, mask = make_batch(ROWS)
+    P = ids.shape[1] - mask.shape[1]
     changed = ids.clone()
     changed[0, P + 1] = 40  # response token t = 1
     with torch.no_grad():
-        before = value_model(ids, attn, pos, T)
-        after = value_model(changed, attn, pos, T)
+        before = value_model(ids, attn, pos, mask)
+        after = value_model(changed, attn, pos, mask)
     assert torch.equal(before[0, :2], after[0, :2])  # V(s_0), V(s_1): chosen before token 1 is seen
     assert torch.all((before[0, 2:] - after[0, 2:]).abs() > 1e-6)
     assert torch.equal(before[1], after[1])
 
 
 def test_left_padding_does_not_change_values(value_model):
-    ids, attn, pos, T = make_batch(ROWS)
-    alone_ids, alone_attn, alone_pos, alone_T = make_batch(ROWS[1:])
+    ids, attn, pos, mask = make_batch(ROWS)
+    alone_ids, alone_attn, alone_pos, alone_mask = make_batch(ROWS[1:])
     with torch.no_grad():
-        padded = value_model(ids, attn, pos, T)[1, :2]
-        alone = value_model(alone_ids, alone_attn, alone_pos, alone_T)[0]
+        padded = value_model(ids, attn, pos, mask)[1, :2]
+        alone = value_model(alone_ids, alone_attn, alone_pos, alone_mask)[0]
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
 
 
@@ -87,9 +87,9 @@ def test_save_and_reload_give_the_same_weights_and_values(value_model, tmp_path)
     reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
     for key, value in value_model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[key], value), key
-    ids, attn, pos, T = make_batch(ROWS)
+    ids, attn, pos, mask = make_batch(ROWS)
     with torch.no_grad():  # float32 kernels may round differently on differently aligned copies
-        torch.testing.assert_close(reloaded(ids, attn, pos, T), value_model(ids, attn, pos, T), atol=1e-6, rtol=0)
+        torch.testing.assert_close(reloaded(ids, attn, pos, mask), value_model(ids, attn, pos, mask), atol=1e-6, rtol=0)
 
 
 def test_saved_value_model_loads_as_token_classification_with_the_same_values(value_model, tmp_path):
@@ -97,11 +97,12 @@ def test_saved_value_model_loads_as_token_classification_with_the_same_values(va
 
     value_model.save_pretrained(tmp_path / "critic")
     classifier = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic", dtype=torch.float32).eval()
-    ids, attn, pos, T = make_batch(ROWS)
-    P = ids.shape[1] - T
+    ids, attn, pos, mask = make_batch(ROWS)
+    P = ids.shape[1] - mask.shape[1]
     with torch.no_grad():
         logits = classifier(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # [B, P+T, 1]
-        torch.testing.assert_close(logits[:, P - 1 : P + T - 1, 0], value_model(ids, attn, pos, T), atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits[:, P - 1 : -1, 0] * mask, value_model(ids, attn, pos, mask), atol=1e-5,
+                                   rtol=0)
 
 
 def test_the_older_folder_format_still_loads(value_model, tmp_path, monkeypatch):
@@ -111,9 +112,9 @@ def test_the_older_folder_format_still_loads(value_model, tmp_path, monkeypatch)
     value_model.save_pretrained(tmp_path / "critic")
     assert json.loads((tmp_path / "critic" / VALUE_HEAD_CONFIG).read_text())["hidden_size"] == 64
     reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()
-    ids, attn, pos, T = make_batch(ROWS)
+    ids, attn, pos, mask = make_batch(ROWS)
     with torch.no_grad():
-        assert torch.equal(reloaded(ids, attn, pos, T), value_model(ids, attn, pos, T))
+        assert torch.equal(reloaded(ids, attn, pos, mask), value_model(ids, attn, pos, mask))
 
 
 def test_backbone_of_a_saved_value_model_loads_with_automodel(value_model, tmp_path):
