@@ -12,7 +12,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, ModelConfig
 from ppo_trainer.core.losses import actor_loss
-from ppo_trainer.engine.distributed import barrier
+from ppo_trainer.engine.distributed import barrier, resolve_device
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
@@ -43,9 +43,13 @@ class ActorEngine(FSDPEngine):
         self.temperature = temperature
         self.truncation = {"top_k": top_k, "top_p": top_p}
         self.seed = seed
+        lora = cfg.lora is not None and cfg.lora.rank > 0
+        # a LoRA base is frozen: stored in the compute dtype (half the memory of float32, the same
+        # forward, as FSDP would cast it anyway); the adapter keeps float32 master weights
+        base_dtype = compute_dtype(cfg.dtype, resolve_device(device).type) if lora else torch.float32
         lm = load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
                             trust_remote_code=cfg.trust_remote_code,
-                            gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
+                            gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora, dtype=base_dtype)
         self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
         self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
         super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
@@ -115,9 +119,9 @@ class ActorEngine(FSDPEngine):
         return {k[len("lm.") :]: v for k, v in super().full_state_dict().items()}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full float32 weights of the current policy, with Hugging Face names, on rank 0 ({}
-        elsewhere), for weight sync and exports. With LoRA: the adapter merged into the base
-        weights, under the base model's names."""
+        """Full weights of the current policy, with Hugging Face names, on rank 0 ({} elsewhere), for
+        weight sync and exports: float32, except that with LoRA the adapter is merged into the base
+        weights (float32 where merged), under the base model's names, the rest in the compute dtype."""
         state = self._gathered()
         if state and self.policy.is_lora:
             state = merge_lora_state_dict(state, self.lora_scalings)

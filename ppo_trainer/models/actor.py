@@ -21,7 +21,8 @@ def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_r
                    gradient_checkpointing: bool = False, lora: Optional[LoraConfig] = None,
                    dtype: torch.dtype = torch.float32) -> nn.Module:
     """A causal LM from an HF folder, in float32 by default (master weights; FSDP casts them for
-    compute). With `lora.rank > 0`: a peft `PeftModel`, base frozen, LoRA B at zero (identity)."""
+    compute). With `lora.rank > 0`: a peft `PeftModel`, base frozen (in `dtype`), the adapter in float32
+    (peft upcasts it), LoRA B at zero (identity)."""
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation,

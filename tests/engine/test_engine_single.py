@@ -186,7 +186,7 @@ def test_save_reload_and_continue_equals_not_stopping(tiny_model_dir, batch, tmp
         assert torch.equal(value, expected[key]), key
 
 
-def test_lora_actor_whose_first_forward_is_the_reference_trains_in_bfloat16(tiny_model_dir, batch):
+def test_lora_actor_whose_first_forward_is_the_reference_trains_in_bfloat16_on_a_bfloat16_base(tiny_model_dir, batch):
     # FSDP2 settles its gradient dtypes at the first forward; peft's disable_adapter() froze the
     # adapter during it, so the bf16 LoRA gradients were assigned to float32 weights (an error)
     cfg = model_config(tiny_model_dir, dtype="bfloat16", lora=LoraConfig(rank=4, alpha=8), optim=OptimConfig(lr=1e-2))
@@ -196,6 +196,9 @@ def test_lora_actor_whose_first_forward_is_the_reference_trains_in_bfloat16(tiny
     grads = full_grads(actor.module)
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
     assert any(g.abs().max() > 0 for g in grads.values())
+    # the frozen base is stored in the compute dtype (half the memory), the adapter in float32
+    assert {(p.dtype, p.requires_grad) for p in actor.module.parameters()} == {(torch.bfloat16, False),
+                                                                             (torch.float32, True)}
 
 
 def test_shuffled_mini_batches_hold_whole_prompt_groups(tiny_model_dir, monkeypatch):

@@ -33,10 +33,13 @@ SYNC_MATCH = 1e-3  # the engine's sampling logprobs vs the actor's recompute
 
 def overrides(model_dir: Path) -> list[str]:
     """Float32 tiny model; 4 prompts x 2 samples per step, mini-batches of 4 sequences (2 optimizer
-    steps); no KL (no reference model to build)."""
+    steps); no KL (no reference model to build). The actor's Adam eps is large so that its step is
+    linear in the gradient: with eps=1e-8 an element whose gradient nearly cancels (|g| ~ eps) moves
+    by a fraction of lr that float32 summation order decides (2 ranks vs 1 process, thread count:
+    2e-5 weight gaps), which would hide what the weight comparison checks."""
     return [
         "model=tiny", f"model.path={model_dir}", "model.dtype=float32", "critic.dtype=float32",
-        "model.optim.lr=1e-3", "critic.lr=1e-3", f"sampler={SAMPLER}", "sampler.n=2", "sampler.max_new_tokens=8",
+        "model.optim.lr=1e-3", "model.optim.eps=1e-3", "critic.lr=1e-3", f"sampler={SAMPLER}", "sampler.n=2", "sampler.max_new_tokens=8",
         "sampler.vllm.enforce_eager=true", "sampler.vllm.cpu_kv_cache_gb=0.0625", "data.max_prompt_length=64",
         "data.train_batch_size=4", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_micro_batch_tokens=96",
         "gae.kl_coef=0", "trainer.total_steps=1",
