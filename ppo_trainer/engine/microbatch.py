@@ -1,5 +1,5 @@
 """Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`: the tokens a forward computes,
-padded or packed by prompt, `micro_batch_cost`), and
+padded or packed by prompt, `micro_batch_units`), and
 gradient accumulation that equals one big batch: each micro-batch loss is aggregated with the whole
 mini-batch's counts over all ranks (`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2
 averages gradients over ranks, so the loss is multiplied by the world size before `backward`. FSDP's
@@ -37,33 +37,32 @@ class GlobalCounts:
 LossFn = Callable[[Batch, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def micro_batch_cost(batch: Batch, share_prompts: bool) -> Callable[[list[int]], int]:
-    """Tokens a forward over rows `rows` of `batch` computes: rows x trimmed width (longest prompt +
-    longest response, at least 1), or with `share_prompts` packed rows x the longest packed row,
-    a packed row being one prompt and the responses of its rows (`models.packing`)."""
+def micro_batch_units(batch: Batch, share_prompts: bool) -> tuple[list[list[int]], Callable[[list[int]], int]]:
+    """The units a split keeps whole (rows, or with `share_prompts` the rows of one prompt) and the
+    cost of a forward over rows `rows` of `batch` in tokens: rows x trimmed width (longest prompt +
+    longest response, at least 1), or with `share_prompts` packed rows x the longest packed row, a
+    packed row being one prompt and the responses of its rows (`models.packing`)."""
     prompt_lens, response_lens = (x.tolist() for x in batch.row_extents())
-    group_of = {row: g for g, rows in enumerate(batch.prompt_groups()) for row in rows}
+    units = batch.prompt_groups() if share_prompts else [[i] for i in range(len(batch))]
+    unit_of = {row: u for u, rows in enumerate(units) for row in rows}
 
     def cost(rows: list[int]) -> int:
         if not share_prompts:
             return len(rows) * (max(prompt_lens[i] for i in rows) + max(1, *(response_lens[i] for i in rows)))
         packed: dict[int, int] = {}
         for i in rows:
-            packed[group_of[i]] = packed.get(group_of[i], prompt_lens[i]) + response_lens[i]
+            packed[unit_of[i]] = packed.get(unit_of[i], prompt_lens[i]) + response_lens[i]
         return len(packed) * max(packed.values())
 
-    return cost
+    return units, cost
 
 
-def split_by_token_budget(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
-    """Row indices of each micro-batch: greedy, costliest units first, `micro_batch_cost` <= budget
-    (a unit over budget alone). A unit is a row, or with `share_prompts` the rows of one prompt."""
-    cost = micro_batch_cost(batch, share_prompts)
-    units = batch.prompt_groups() if share_prompts else [[i] for i in range(len(batch))]
-    units.sort(key=lambda unit: -cost(unit))  # stable: ties keep row order
+def fill_by_cost(units: list[list[int]], cost: Callable[[list[int]], int], budget: int) -> list[list[int]]:
+    """Row indices of each micro-batch: greedy, costliest units first, cost <= budget (a unit over
+    budget alone)."""
     groups: list[list[int]] = []
     current: list[int] = []
-    for unit in units:
+    for unit in sorted(units, key=lambda unit: -cost(unit)):  # stable: ties keep row order
         if current and cost(current + unit) > budget:
             groups.append(current)
             current = []
@@ -73,15 +72,20 @@ def split_by_token_budget(batch: Batch, budget: int, share_prompts: bool = False
     return groups
 
 
+def split_by_token_budget(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
+    """Row indices of each micro-batch of `batch` within `budget` tokens (`micro_batch_units`, `fill_by_cost`)."""
+    return fill_by_cost(*micro_batch_units(batch, share_prompts), budget)
+
+
 def plan_micro_batches(batch: Batch, budget: int, share_prompts: bool = False) -> list[MicroBatch]:
     """Micro-batches of this rank's rows (`split_by_token_budget`), as many as the rank that needs
     the most (a collective call): the costliest groups are halved, and a rank with too few rows
     pads with dummies."""
     if len(batch) == 0:
         raise ValueError("a rank received no rows; every data-parallel rank needs at least one sequence")
-    groups = split_by_token_budget(batch, budget, share_prompts)
+    units, cost = micro_batch_units(batch, share_prompts)
+    groups = fill_by_cost(units, cost, budget)
     target = all_reduce_max(len(groups))
-    cost = micro_batch_cost(batch, share_prompts)
     while len(groups) < target:
         splittable = [g for g in groups if len(g) > 1]
         if not splittable:
