@@ -23,6 +23,18 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     return list(groups.values())
 
 
+def row_extents(attention_mask: torch.Tensor, response_mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B] prompt lengths and [B] response lengths (up to each block's last real token) of rows with
+    attention_mask [B, P+T] and response_mask [B, T] (None before generation: T = 0)."""
+    T = 0 if response_mask is None else response_mask.shape[1]
+    P = attention_mask.shape[1] - T
+    prompt_lens = ((attention_mask[:, :P] != 0) * torch.arange(P, 0, -1)).amax(dim=1)
+    if T == 0:
+        return prompt_lens, torch.zeros_like(prompt_lens)
+    response_real = (attention_mask[:, P:] != 0) | (response_mask != 0)
+    return prompt_lens, (response_real * torch.arange(1, T + 1)).amax(dim=1)
+
+
 @dataclass
 class Batch:
     """One step's sequences. Rows are sequences; a prompt's `n` samples are adjacent.
@@ -105,15 +117,8 @@ class Batch:
         return {f.name: f.metadata for f in fields(self) if "block" in f.metadata and getattr(self, f.name) is not None}
 
     def row_extents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B] prompt lengths and [B] response lengths (up to each block's last real token)."""
-        P, T = self.prompt_length, self.response_length
-        prompt_lens = ((self.attention_mask[:, :P] != 0) * torch.arange(P, 0, -1)).amax(dim=1)
-        response_real = self.attention_mask[:, P:] != 0
-        if self.response_mask is not None:
-            response_real = response_real | (self.response_mask != 0)
-        if T == 0:
-            return prompt_lens, torch.zeros_like(prompt_lens)
-        return prompt_lens, (response_real * torch.arange(1, T + 1)).amax(dim=1)
+        """[B] prompt lengths and [B] response lengths, as `row_extents`."""
+        return row_extents(self.attention_mask, self.response_mask)
 
     def trim_padding(self) -> "Batch":
         """The same rows without the columns that are padding in every row (left of the prompts,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppo_trainer.batch import prompt_groups
+from ppo_trainer.batch import prompt_groups, row_extents
 
 # attention implementations that take a custom 4D mask (flash attention takes only 2D padding masks)
 MASKED_ATTENTION = ("eager", "sdpa")
@@ -61,8 +61,8 @@ def pack_shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     T = response_mask.shape[1]
     P = width - T
     real = attention_mask != 0
-    prompt_lens = (real[:, :P] * torch.arange(P, 0, -1)).amax(dim=1).clamp(min=1).tolist()
-    response_lens = ((real[:, P:] | (response_mask != 0)) * torch.arange(1, T + 1)).amax(dim=1).tolist()
+    prompt_lens, response_lens = row_extents(attention_mask, response_mask)
+    prompt_lens, response_lens = prompt_lens.clamp(min=1).tolist(), response_lens.tolist()
 
     ids, positions, keys, segments = [], [], [], []
     predicting = [None] * B  # per padded row: ([valid response token columns in its packed row], packed row)
@@ -120,3 +120,4 @@ def states_before_response_tokens(decoder: torch.nn.Module, input_ids: torch.Ten
     hidden = decoder(input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids,
                      use_cache=False).last_hidden_state
     return hidden[packed.predicting_rows, packed.predicting_cols]
+
