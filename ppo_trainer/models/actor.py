@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ppo_trainer.config import LoraConfig
-from ppo_trainer.models.packing import states_before_response_tokens
+from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
 
 
 def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
@@ -135,14 +135,12 @@ class CausalLMPolicy(nn.Module):
         `top_k`, `top_p`: the sampler's truncation. input_ids, attention_mask, position_ids: [B, P+T];
         response_mask: [B, T] (T >= 1, P >= 1)."""
         P = input_ids.shape[1] - response_mask.shape[1]
-        valid = response_mask.bool()
         predicting = states_before_response_tokens(self.hf_model.get_decoder(), input_ids, attention_mask,
                                                    position_ids, response_mask)
-        labels = input_ids[:, P:][valid]
+        labels = input_ids[:, P:][response_mask.bool()]
         logp, ent = response_logprobs(predicting, self.hf_model.get_output_embeddings(), labels, temperature,
                                       self.chunk_tokens, with_entropy, top_k, top_p)
-        zeros = torch.zeros(valid.shape, dtype=torch.float32, device=input_ids.device)
-        return zeros.masked_scatter(valid, logp), (None if ent is None else zeros.masked_scatter(valid, ent))
+        return on_response_tokens(logp, response_mask), (None if ent is None else on_response_tokens(ent, response_mask))
 
 
 def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:

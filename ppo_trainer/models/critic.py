@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ppo_trainer.models.packing import states_before_response_tokens
+from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
 
 VALUE_HEAD_WEIGHTS = "value_head.safetensors"
 VALUE_HEAD_CONFIG = "value_head.json"
@@ -78,10 +78,8 @@ class ValueModel(nn.Module):
                 response_mask: torch.Tensor) -> torch.Tensor:
         """values [B, T] float32 from input_ids, attention_mask, position_ids [B, P+T] and response_mask
         [B, T] (T >= 1, P >= 1); 0 where response_mask is 0."""
-        valid = response_mask.bool()
         states = states_before_response_tokens(self.backbone, input_ids, attention_mask, position_ids, response_mask)
-        values = self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1).float()
-        return torch.zeros(valid.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(valid, values)
+        return on_response_tokens(self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1), response_mask)
 
     def save_pretrained(self, folder: str | Path, state_dict: Optional[dict[str, torch.Tensor]] = None,
                         dtype: Optional[torch.dtype] = None) -> None:

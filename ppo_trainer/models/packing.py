@@ -121,3 +121,9 @@ def states_before_response_tokens(decoder: torch.nn.Module, input_ids: torch.Ten
                      use_cache=False).last_hidden_state
     return hidden[packed.predicting_rows, packed.predicting_cols]
 
+
+def on_response_tokens(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] float32 holding `values` [N] (one per valid response token, in the order of
+    `states_before_response_tokens`) where response_mask [B, T] is set, 0 elsewhere."""
+    valid = response_mask.bool()
+    return torch.zeros(valid.shape, dtype=torch.float32, device=values.device).masked_scatter(valid, values.float())
