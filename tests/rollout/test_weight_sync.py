@@ -55,7 +55,12 @@ def check_sync(sampler, actor, prompts: Batch, merged_state) -> None:
         assert max_gap(sampler, actor, prompts, temperature) < MATCH
 
 
-def test_vllm_matches_the_full_fine_tuned_actor_only_after_sync(vllm_sampler, tiny_model_dir, prompts):
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["tensors", "safetensors-bytes"])
+def test_vllm_matches_the_full_fine_tuned_actor_only_after_sync(vllm_sampler, tiny_model_dir, prompts, monkeypatch,
+                                                                as_bytes):
+    assert vllm_sampler._worker_in_process, "the test engine's worker runs in this process: tensors, not bytes"
+    if as_bytes:  # the form a worker in another process (tensor parallel, V1 multiprocessing) receives
+        monkeypatch.setattr(vllm_sampler, "_worker_in_process", False)
     actor = load_model(tiny_model_dir)
     vllm_sampler.sync_weights(actor.state_dict())
     check_sync(vllm_sampler, actor, prompts, merged_state=actor.state_dict)
