@@ -104,6 +104,7 @@ def engine_without_start(sleep_enabled: bool):
 
     sampler = object.__new__(VllmSampler)
     sampler.llm, sampler.dtype, sampler._sleep_enabled, sampler._asleep = RecordingLLM(), torch.float32, sleep_enabled, set()
+    sampler._worker_in_process = False
     return sampler
 
 
