@@ -76,7 +76,6 @@ class Worker:
     LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
     OWN_METHODS = ("save", "load", "rng_state", "set_rng_state")
-    KEEPS_FREED_MEMORY = ("update",)
 
     def __init__(self, role: str, cfg: DictConfig, device: str):
         self.role = role
@@ -90,12 +89,9 @@ class Worker:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         target = self if method in self.OWN_METHODS else self.engine
         result = getattr(target, method)(*args, **kwargs)
-        # the next phase's peak then starts from live tensors, not from the freed activations of
-        # this one (CPU recipe: -0.8 GiB at the critic update's peak). Not after an update: what
-        # comes next in a shared process (the actor's update after the critic's, the weight push)
-        # reuses those pages, and trimming them made it fault them back in (0.4-0.6 s per step)
-        if method not in self.KEEPS_FREED_MEMORY:
-            release_freed_host_memory()
+        # after every call: the next phase's peak then starts from live tensors, not from the
+        # freed activations of this one (CPU recipe: -0.8 GiB at the critic update's peak)
+        release_freed_host_memory()
         return result
 
     def save(self, checkpoint: str) -> None:
