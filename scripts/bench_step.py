@@ -20,15 +20,16 @@ Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forwar
 tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
 costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy bandwidth).
+
+The engines' start-up and per-call output goes to --engine-log, as `ppo-train` sends it to
+engine.log; --verbose keeps it on the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -183,20 +184,24 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, help="device bandwidth in bytes/s (default: measured)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine-log", type=Path, default=Path(tempfile.gettempdir()) / "ppo-bench-step-engine.log",
+                        help="where the engines' output goes (rewritten each run; default: %(default)s)")
+    parser.add_argument("--verbose", action="store_true", help="the engines' output on the terminal")
     args = parser.parse_args()
     if args.tiny:
         args.preset, args.device = "tiny", "cpu"
     shape = PRESETS[args.preset]
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-    from ppo_trainer.trainer import Trainer
+    from ppo_trainer.tracking import console_stream, engine_output_to_file
     from ppo_trainer.workers.devices import resolve_dtype
 
     dtype = resolve_dtype(args.dtype, args.device)
     measured = measure_ceilings(args.device, getattr(torch, dtype))
     ceilings = Ceilings(args.peak_tflops or measured.tflops, args.bandwidth or measured.bandwidth)
-    with tempfile.TemporaryDirectory() as tmp:
+    args.engine_log.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, engine_output_to_file(args.engine_log, args.verbose):
+        from ppo_trainer.trainer import Trainer  # after the engines' log levels are set
+
         if args.preset == "smollm2":
             model_dir, prompts = None, addition_prompts(Path(tmp), shape, args.seed)
         else:
@@ -214,7 +219,7 @@ def main() -> None:
                     torch.cuda.reset_peak_memory_stats()
                 metrics, _ = trainer.train_step(step)
                 runs.append(metrics)
-                print(f"step {step}: {metrics['timing_s/step']:.2f} s", file=sys.stderr)
+                print(f"step {step}: {metrics['timing_s/step']:.2f} s", file=console_stream(), flush=True)
             actor_params, critic_params = matmul_params(actor), matmul_params(critic)
             weight_bytes = sum(p.numel() for p in actor.parameters()) * torch.finfo(getattr(torch, dtype)).bits // 8
         finally:
@@ -237,6 +242,8 @@ def main() -> None:
         "tokens_per_s": {"step": step_tokens / seconds["step"], "gen": response_tokens / seconds["gen"]},
         "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
     }
+    if args.engine_log.is_file():
+        print(f"engine output: {args.engine_log}")
     print(f"preset {args.preset} on {args.device} ({dtype}): actor {sum(actor_params) / 1e6:.1f}M matmul params, "
           f"{step_tokens} tokens/step ({response_tokens} generated); ceilings {ceilings.tflops * 1e3:.0f} GFLOP/s, "
           f"{ceilings.bandwidth / 1e9:.0f} GB/s")
