@@ -1,13 +1,21 @@
-"""WorkerGroup without a backend: how rows and seeds are dealt to replicas."""
+"""WorkerGroup and Worker without a backend: how rows and seeds are dealt to replicas, what a worker sets up."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any, Sequence
 
+import pytest
 import torch
 
 from ppo_trainer.rollout.base import prompts_to_batch
+from ppo_trainer.workers.devices import BF16_CPU_FLAGS, cpu_flags
 from ppo_trainer.workers.group import WorkerGroup
+
+
+BF16_CPU_FLAGS_PRESENT = bool(cpu_flags() & set(BF16_CPU_FLAGS))
 
 
 class Recording:
@@ -82,3 +90,44 @@ def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_rng_and_memory
     torch.rand(3)
     worker.call("set_rng_state", state)
     assert torch.equal(torch.get_rng_state(), state["cpu"])
+
+
+def test_a_worker_caps_the_cpu_kernel_caches_before_its_engine_is_built_unless_the_user_set_them(monkeypatch):
+    from ppo_trainer.config import compose
+    from ppo_trainer.workers import roles
+
+    seen = {}
+
+    def build(cfg, device):
+        seen.update({var: os.environ.get(var) for var in roles.CPU_KERNEL_CACHE_VARS})
+        return FakeEngine()
+
+    monkeypatch.setitem(roles.BUILDERS, "actor", build)
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
+    roles.Worker("actor", compose([]), "cpu")
+    assert seen == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(roles.CPU_KERNEL_CACHE_CAPACITY), "LRU_CACHE_CAPACITY": "512"}
+
+
+# 200 matmul shapes, forward and backward: ~0.45 GB of cached kernels with oneDNN's defaults (measured
+# on an AVX-512 BF16 EPYC), ~0.16 GB with the caps, which are set after torch is imported, as in a worker
+_MANY_SHAPES = """
+import torch
+from ppo_trainer.workers.roles import bound_cpu_kernel_caches
+bound_cpu_kernel_caches()
+def rss_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
+weight = torch.randn(1536, 576, dtype=torch.bfloat16, requires_grad=True)
+torch.nn.functional.linear(torch.randn(8, 576, dtype=torch.bfloat16), weight).sum().backward()
+before = rss_mb()
+for rows in range(300, 500):
+    torch.nn.functional.linear(torch.randn(rows, 576, dtype=torch.bfloat16), weight).sum().backward()
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.skipif(not BF16_CPU_FLAGS_PRESENT, reason="bf16 matmuls use oneDNN's cached kernels only on CPUs with bf16 units")
+def test_capped_kernel_caches_keep_a_process_of_ever_new_matmul_shapes_from_growing():
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", _MANY_SHAPES], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout) < 300, f"resident size grew {out.stdout.strip()} MB over 200 matmul shapes"
