@@ -26,6 +26,7 @@ from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
 from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
 from ppo_trainer.rollout.base import prompts_to_batch
 from ppo_trainer.tracking import engine_output_to_file
+from ppo_trainer.workers.devices import bound_cpu_kernel_caches
 
 logger = logging.getLogger("ppo_trainer")
 
@@ -170,6 +171,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
         results = []
+        bound_cpu_kernel_caches()  # as a trainer's workers do: greedy batches shrink step by step (new shapes)
         # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
         with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose):
             for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):

@@ -4,7 +4,6 @@ a backend drives (the local backend holds one, the Ray backend one per Ray actor
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +15,9 @@ from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
-from ppo_trainer.workers.devices import DISTRIBUTED_ROLES
+from ppo_trainer.workers.devices import DISTRIBUTED_ROLES, bound_cpu_kernel_caches
 
 _PROCESS_SYMBOLS = ctypes.CDLL(None)  # libc's among them
-
-# PyTorch runs bf16 matmuls on a CPU through oneDNN, which keeps a compiled kernel per matmul
-# shape in two caches of 1024 entries (oneDNN's own and ideep's), about 1 MB each. Packed
-# micro-batches bring new shapes nearly every time: with those defaults the gsm8k_cpu recipe's
-# resident size grew ~40 MB per step (1.2 GiB over its 30 steps) while the caches filled. A
-# micro-batch's forward and backward use ~25-40 shapes, each reused by every layer; 64 keeps that.
-CPU_KERNEL_CACHE_CAPACITY = 64
-CPU_KERNEL_CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-
 
 def release_freed_host_memory() -> None:
     """`malloc_trim(0)`: an update frees thousands of tensors below glibc's mmap threshold, and
@@ -35,13 +25,6 @@ def release_freed_host_memory() -> None:
     trim = getattr(_PROCESS_SYMBOLS, "malloc_trim", None)
     if trim is not None:
         trim(0)
-
-
-def bound_cpu_kernel_caches() -> None:
-    """Cap oneDNN's kernel caches at `CPU_KERNEL_CACHE_CAPACITY` unless the environment sets them.
-    Both are read when the process first runs a oneDNN matmul, so this comes before any engine."""
-    for var in CPU_KERNEL_CACHE_VARS:
-        os.environ.setdefault(var, str(CPU_KERNEL_CACHE_CAPACITY))
 
 
 def replica_seed(seed: int, replica: int) -> int:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ppo_trainer.rollout.base import prompts_to_batch
-from ppo_trainer.workers.devices import BF16_CPU_FLAGS, cpu_flags
+from ppo_trainer.workers.devices import BF16_CPU_FLAGS, CPU_KERNEL_CACHE_CAPACITY, CPU_KERNEL_CACHE_VARS, cpu_flags
 from ppo_trainer.workers.group import WorkerGroup
 
 
@@ -99,21 +99,21 @@ def test_a_worker_caps_the_cpu_kernel_caches_before_its_engine_is_built_unless_t
     seen = {}
 
     def build(cfg, device):
-        seen.update({var: os.environ.get(var) for var in roles.CPU_KERNEL_CACHE_VARS})
+        seen.update({var: os.environ.get(var) for var in CPU_KERNEL_CACHE_VARS})
         return FakeEngine()
 
     monkeypatch.setitem(roles.BUILDERS, "actor", build)
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
     roles.Worker("actor", compose([]), "cpu")
-    assert seen == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(roles.CPU_KERNEL_CACHE_CAPACITY), "LRU_CACHE_CAPACITY": "512"}
+    assert seen == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(CPU_KERNEL_CACHE_CAPACITY), "LRU_CACHE_CAPACITY": "512"}
 
 
 # 200 matmul shapes, forward and backward: ~0.45 GB of cached kernels with oneDNN's defaults (measured
 # on an AVX-512 BF16 EPYC), ~0.16 GB with the caps, which are set after torch is imported, as in a worker
 _MANY_SHAPES = """
 import torch
-from ppo_trainer.workers.roles import bound_cpu_kernel_caches
+from ppo_trainer.workers.devices import bound_cpu_kernel_caches
 bound_cpu_kernel_caches()
 def rss_mb():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
