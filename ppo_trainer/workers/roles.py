@@ -19,6 +19,7 @@ from ppo_trainer.workers.devices import DISTRIBUTED_ROLES, bound_cpu_kernel_cach
 
 _PROCESS_SYMBOLS = ctypes.CDLL(None)  # libc's among them
 
+
 def release_freed_host_memory() -> None:
     """`malloc_trim(0)`: an update frees thousands of tensors below glibc's mmap threshold, and
     without it a CPU run's resident size climbs step after step. A no-op outside glibc."""

@@ -11,11 +11,8 @@ import pytest
 import torch
 
 from ppo_trainer.rollout.base import prompts_to_batch
-from ppo_trainer.workers.devices import BF16_CPU_FLAGS, CPU_KERNEL_CACHE_CAPACITY, CPU_KERNEL_CACHE_VARS, cpu_flags
+from ppo_trainer.workers.devices import CPU_KERNEL_CACHE_CAPACITY, CPU_KERNEL_CACHE_VARS, auto_dtype
 from ppo_trainer.workers.group import WorkerGroup
-
-
-BF16_CPU_FLAGS_PRESENT = bool(cpu_flags() & set(BF16_CPU_FLAGS))
 
 
 class Recording:
@@ -126,8 +123,8 @@ print(rss_mb() - before)
 """
 
 
-@pytest.mark.skipif(not BF16_CPU_FLAGS_PRESENT, reason="bf16 matmuls use oneDNN's cached kernels only on CPUs with bf16 units")
+@pytest.mark.skipif(auto_dtype("cpu")[0] != "bfloat16", reason="bf16 matmuls use oneDNN's cached kernels only on CPUs with bf16 units")
 def test_capped_kernel_caches_keep_a_process_of_ever_new_matmul_shapes_from_growing():
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    env = {k: v for k, v in os.environ.items() if k not in CPU_KERNEL_CACHE_VARS}
     out = subprocess.run([sys.executable, "-c", _MANY_SHAPES], env=env, capture_output=True, text=True, check=True)
     assert int(out.stdout) < 300, f"resident size grew {out.stdout.strip()} MB over 200 matmul shapes"
