@@ -64,18 +64,15 @@ class FakeEngine:
         return lambda *args, **kwargs: self.calls.append((name, *args))
 
 
-def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_rng_and_memory_trim(monkeypatch, tmp_path):
+def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_and_rng(monkeypatch, tmp_path):
     from ppo_trainer.config import compose
     from ppo_trainer.workers import roles
 
     monkeypatch.setitem(roles.BUILDERS, "actor", lambda cfg, device: FakeEngine())
-    trims = []
-    monkeypatch.setattr(roles, "release_freed_host_memory", lambda: trims.append(1))
     worker = roles.Worker("actor", compose(["trainer.seed=7"]), "cpu")
     assert torch.equal(worker.rng_state()["cpu"], torch.manual_seed(7).get_state())  # seeded per rank (0: the seed)
     worker.call("compute_logprobs", "rows")
     worker.call("update", "batch")
-    assert trims == [1, 1], "host memory is trimmed after every call (scoring and update alike)"
     worker.call("save", str(tmp_path))
     worker.call("load", str(tmp_path))
     assert worker.engine.calls == [
@@ -87,6 +84,51 @@ def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_rng_and_memory
     torch.rand(3)
     worker.call("set_rng_state", state)
     assert torch.equal(torch.get_rng_state(), state["cpu"])
+
+
+@pytest.mark.parametrize("device, keeps", [("cpu", True), ("cuda:0", False)])
+def test_a_worker_computing_in_host_memory_keeps_freed_memory_before_its_engine_is_built(monkeypatch, device, keeps):
+    from ppo_trainer.config import compose
+    from ppo_trainer.workers import roles
+
+    events = []
+    monkeypatch.setattr(roles, "keep_freed_host_memory", lambda: events.append("keep"))
+    monkeypatch.setitem(roles.BUILDERS, "actor", lambda cfg, device: events.append("build") or FakeEngine())
+    roles.Worker("actor", compose([]), device)
+    assert events == (["keep", "build"] if keeps else ["build"])
+
+
+# A 64 MiB tensor is 16,384 pages of 4 KiB. By default glibc maps each such block fresh and unmaps it
+# when freed, so every allocation faults all of its pages in again. Kept in the heap, the freed blocks
+# serve later allocations once the heap holds a block that fits (alignment slack may take a few rounds).
+_REALLOCATE = """
+import resource, torch
+from ppo_trainer.workers.devices import keep_freed_host_memory
+def faults_of_a_64mb_tensor():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(16 * 2**20)  # freed at once
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+applied = keep_freed_host_memory()
+print(",".join(applied) or "-", *(faults_of_a_64mb_tensor() for _ in range(12)))
+"""
+
+
+def test_kept_host_memory_serves_later_allocations_without_page_faults():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _REALLOCATE], env=env, capture_output=True, text=True, check=True)
+    applied, *faults = out.stdout.split()
+    if applied == "-":
+        pytest.skip("not glibc: mallopt is absent or ignores these parameters")
+    assert applied == "mmap_max,trim_threshold"
+    assert int(faults[0]) > 0, "the first 64 MiB tensor faults its pages in (16,384 of 4 KiB; fewer as huge pages)"
+    assert sum(map(int, faults[-4:])) < 160, f"freed blocks were handed back and faulted in again: {faults}"
+
+
+def test_keeping_freed_host_memory_leaves_a_parameter_the_environment_sets():
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": str(128 * 2**20)}
+    code = "from ppo_trainer.workers.devices import keep_freed_host_memory; print(keep_freed_host_memory())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "trim_threshold" not in out.stdout
 
 
 def test_a_worker_caps_the_cpu_kernel_caches_before_its_engine_is_built_unless_the_user_set_them(monkeypatch):
