@@ -21,6 +21,13 @@ tokens + 2 x head x response tokens, where body counts the parameters every toke
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
 costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy bandwidth).
 
+--plain adds a tighter reference than the matmul floor: the plain transformers model (parameters in
+the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
+micro-batches of at most `algorithm.ppo_micro_batch_tokens` tokens, timed as the phases use it: a no-grad forward (old_logprob, ref; values with the value model) and a
+forward and backward (update_actor, update_critic). A phase near its plain time spends what the
+model's own forward and backward cost; what an update adds on top is the mixed-precision casts,
+gradient clipping and AdamW.
+
 The engines' start-up and per-call output goes to --engine-log, as `ppo-train` sends it to
 engine.log; --verbose keeps it on the terminal.
 """
@@ -172,6 +179,70 @@ def floors(actor: tuple[int, int], critic: tuple[int, int], tokens: int, respons
     return out
 
 
+def rollout_shaped_batch(records, pad_id: int, response_len: int, vocab_size: int, seed: int):
+    """The step's batch shape from the loader's prompt `records`: each prompt left-padded, then
+    `response_len` random response tokens (the bench samples with `ignore_eos`: every response is full)."""
+    from ppo_trainer.rollout.base import assemble_rollout, prompts_to_batch
+
+    prompts = prompts_to_batch([r.prompt_ids for r in records], pad_id)
+    generator = torch.Generator().manual_seed(seed)
+    responses = torch.randint(vocab_size, (len(records), response_len), generator=generator).tolist()
+    return assemble_rollout(prompts, 1, responses, [[0.0] * response_len] * len(records), [True] * len(records),
+                            [""] * len(records), pad_id)
+
+
+def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3) -> dict[str, float]:
+    """Median seconds (after one warm-up) of the plain transformers policy and value model on
+    `batch`, per phase: `PHASES`' forwards without gradients, the updates' forward and backward."""
+    import statistics
+
+    from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
+    from ppo_trainer.models.critic import ValueModel
+    from ppo_trainer.models.loading import resolve_model_path
+
+    model_dir = resolve_model_path(cfg.model.path)
+    attn = cfg.model.attn_implementation
+    policy = CausalLMPolicy(load_causal_lm(str(model_dir), attn_implementation=attn, dtype=dtype),
+                            cfg.model.logprob_chunk_tokens).to(device).train()
+    critic_dir = resolve_model_path(cfg.critic.path, part="critic") if cfg.critic.path else model_dir
+    critic = ValueModel.from_pretrained(critic_dir, attn_implementation=attn).to(device=device, dtype=dtype).train()
+    # rows in micro-batches of at most the engines' token budget, as they run them
+    per_micro = max(1, cfg.algorithm.ppo_micro_batch_tokens // batch.input_ids.shape[1])
+    micro_batches = [batch.select(list(range(start, min(start + per_micro, len(batch))))).to(device)
+                     for start in range(0, len(batch), per_micro)]
+    with_entropy = cfg.algorithm.entropy_coef > 0
+
+    def policy_loss(micro) -> torch.Tensor:
+        logp, entropy = policy(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
+                               cfg.sampler.temperature, with_entropy)
+        loss = -(logp * micro.response_mask).sum()
+        return loss - (entropy * micro.response_mask).sum() if with_entropy else loss
+
+    def value_loss(micro) -> torch.Tensor:
+        values = critic(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
+        return ((values - 1.0).square() * micro.response_mask).sum()
+
+    def timed(loss_fn, module: torch.nn.Module, backward: bool) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            _sync(device)
+            start = time.perf_counter()
+            with torch.set_grad_enabled(backward):
+                for micro in micro_batches:
+                    loss = loss_fn(micro)
+                    if backward:
+                        loss.backward()
+            _sync(device)
+            times.append(time.perf_counter() - start)
+            module.zero_grad(set_to_none=True)
+        return statistics.median(times[1:])
+
+    forward = timed(policy_loss, policy, backward=False)
+    return {"old_logprob": forward, "ref": forward, "values": timed(value_loss, critic, backward=False),
+            "update_actor": timed(policy_loss, policy, backward=True),
+            "update_critic": timed(value_loss, critic, backward=True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen0.5b")
@@ -184,6 +255,8 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, help="device bandwidth in bytes/s (default: measured)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plain", action="store_true",
+                        help="also time the plain transformers models on the step's batch shape (see above)")
     parser.add_argument("--engine-log", type=Path, default=Path(tempfile.gettempdir()) / "ppo-bench-step-engine.log",
                         help="where the engines' output goes (rewritten each run; default: %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="the engines' output on the terminal")
@@ -192,6 +265,7 @@ def main() -> None:
         args.preset, args.device = "tiny", "cpu"
     shape = PRESETS[args.preset]
 
+    from ppo_trainer.config import uses_reference
     from ppo_trainer.tracking import console_stream, engine_output_to_file
     from ppo_trainer.workers.devices import resolve_dtype
 
@@ -222,16 +296,25 @@ def main() -> None:
                 print(f"step {step}: {metrics['timing_s/step']:.2f} s", file=console_stream(), flush=True)
             actor_params, critic_params = matmul_params(actor), matmul_params(critic)
             weight_bytes = sum(p.numel() for p in actor.parameters()) * torch.finfo(getattr(torch, dtype)).bits // 8
+            records, pad_id, vocab_size = trainer.loader.records, trainer.pad_id, actor.config.vocab_size
         finally:
             trainer.close()
+        del trainer, actor, critic
+        plain = {}
+        if args.plain:
+            batch = rollout_shaped_batch(records, pad_id, shape["response_len"], vocab_size, args.seed)
+            plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype))
 
     measured_runs = runs[1:] or runs
     seconds = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in measured_runs) / len(measured_runs) for p in PHASES}
     response_tokens = shape["prompts"] * shape["response_len"]
     floor = floors(actor_params, critic_params, step_tokens, response_tokens, shape["response_len"], weight_bytes,
                    ceilings)
-    # a phase the config skips (the recipe's recompute_old_logprobs=false) has no floor in the step's
-    floor = {p: f for p, f in floor.items() if p == "step" or seconds[p] > 0}
+    # a phase the config skips (the recipe's recompute_old_logprobs=false) has no floor in the step's;
+    # its timer still runs (for microseconds), so the config says which
+    skipped = {"old_logprob"} if not cfg.algorithm.recompute_old_logprobs else set()
+    skipped |= set() if uses_reference(cfg) else {"ref"}
+    floor = {p: f for p, f in floor.items() if p not in skipped}
     floor["step"] = sum(f for p, f in floor.items() if p != "step")
     result = {
         "preset": args.preset, "device": args.device, "dtype": dtype,
@@ -241,17 +324,21 @@ def main() -> None:
         "seconds": seconds, "floor_seconds": floor,
         "tokens_per_s": {"step": step_tokens / seconds["step"], "gen": response_tokens / seconds["gen"]},
         "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
+        "plain_seconds": plain,
     }
     if args.engine_log.is_file():
         print(f"engine output: {args.engine_log}")
     print(f"preset {args.preset} on {args.device} ({dtype}): actor {sum(actor_params) / 1e6:.1f}M matmul params, "
           f"{step_tokens} tokens/step ({response_tokens} generated); ceilings {ceilings.tflops * 1e3:.0f} GFLOP/s, "
           f"{ceilings.bandwidth / 1e9:.0f} GB/s")
-    print(f"{'phase':15s} {'seconds':>9s} {'floor':>9s} {'x floor':>8s}")
+    print(f"{'phase':15s} {'seconds':>9s} {'floor':>9s} {'x floor':>8s}" + (f" {'plain':>9s} {'x plain':>8s}" if plain else ""))
     for phase in PHASES:
-        f = floor.get(phase)
+        f, base = floor.get(phase), (None if phase in skipped else plain.get(phase))
         ratio = f"{seconds[phase] / f:8.2f}" if f else f"{'':8s}"
-        print(f"{phase:15s} {seconds[phase]:9.3f} {f if f else float('nan'):9.3f} {ratio}")
+        line = f"{phase:15s} {seconds[phase]:9.3f} {f if f else float('nan'):9.3f} {ratio}"
+        if plain:
+            line += f" {base:9.3f} {seconds[phase] / base:8.2f}" if base else f" {'':9s} {'':8s}"
+        print(line)
     print(f"tokens/s: step {result['tokens_per_s']['step']:.0f}, generation {result['tokens_per_s']['gen']:.0f}; "
           f"peak memory {result['peak_memory_gb']:.2f} GB")
     if args.json:
