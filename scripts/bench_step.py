@@ -23,10 +23,10 @@ costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy ban
 
 --plain adds a tighter reference than the matmul floor: the plain transformers model (parameters in
 the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
-micro-batches of at most `algorithm.ppo_micro_batch_tokens` tokens, timed as the phases use it: a no-grad forward (old_logprob, ref; values with the value model) and a
-forward and backward (update_actor, update_critic). A phase near its plain time spends what the
-model's own forward and backward cost; what an update adds on top is the mixed-precision casts,
-gradient clipping and AdamW.
+the engines' micro-batches, timed as the phases use it: a no-grad forward (old_logprob, ref; values
+with the value model) and a forward and backward (update_actor, update_critic). A phase near its
+plain time spends what the model's own forward and backward cost; what an update adds on top is the
+mixed-precision casts, gradient clipping and AdamW.
 
 The engines' start-up and per-call output goes to --engine-log, as `ppo-train` sends it to
 engine.log; --verbose keeps it on the terminal.
@@ -196,9 +196,11 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3)
     `batch`, per phase: `PHASES`' forwards without gradients, the updates' forward and backward."""
     import statistics
 
+    from ppo_trainer.engine.microbatch import plan_micro_batches
     from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
     from ppo_trainer.models.critic import ValueModel
     from ppo_trainer.models.loading import resolve_model_path
+    from ppo_trainer.models.packing import shares_prompts
 
     model_dir = resolve_model_path(cfg.model.path)
     attn = cfg.model.attn_implementation
@@ -206,10 +208,9 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3)
                             cfg.model.logprob_chunk_tokens).to(device).train()
     critic_dir = resolve_model_path(cfg.critic.path, part="critic") if cfg.critic.path else model_dir
     critic = ValueModel.from_pretrained(critic_dir, attn_implementation=attn).to(device=device, dtype=dtype).train()
-    # rows in micro-batches of at most the engines' token budget, as they run them
-    per_micro = max(1, cfg.algorithm.ppo_micro_batch_tokens // batch.input_ids.shape[1])
-    micro_batches = [batch.select(list(range(start, min(start + per_micro, len(batch))))).to(device)
-                     for start in range(0, len(batch), per_micro)]
+    # the engines' own micro-batches of the batch (token budget, prompts packed where attention allows)
+    micro_batches = [m.batch.to(device) for m in plan_micro_batches(
+        batch, cfg.algorithm.ppo_micro_batch_tokens, shares_prompts(policy.hf_model))]
     with_entropy = cfg.algorithm.entropy_coef > 0
 
     def policy_loss(micro) -> torch.Tensor:
