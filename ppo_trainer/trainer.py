@@ -176,7 +176,8 @@ class Trainer:
                     metrics["reward/errors"] = errors
             with timer("old_logprob"):
                 if a.recompute_old_logprobs:
-                    old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
+                    old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch,
+                                                        keep_for_update=step > a.critic_warmup)
                     metrics["actor/entropy"] = masked_mean(entropy, batch.response_mask).item()
                     metrics.update(logprob_gap_metrics(batch.sample_logprobs, old, batch.response_mask))
                 else:
@@ -192,7 +193,7 @@ class Trainer:
                 with timer("ref"):
                     batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
             with timer("values"):
-                batch = batch.with_fields(values=self.critic.run_split("compute_values", batch))
+                batch = batch.with_fields(values=self.critic.run_split("compute_values", batch, keep_for_update=True))
             with timer("adv"):
                 batch, adv_metrics = self.compute_advantages(batch, step)
                 metrics.update(adv_metrics)

@@ -19,12 +19,15 @@ the preset's length (`sampler.ignore_eos`), compute dtype `auto` unless --dtype 
 Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forward costs 2 x body x
 tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
-costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy bandwidth).
+costs 3 forwards, less the first mini-batch's forward where the phase before the update computed it
+(values for the critic; old_logprob for the actor when it recomputes). gen = max(that forward,
+decode steps x weight bytes / copy bandwidth).
 
 --plain adds a tighter reference than the matmul floor: the plain transformers model (parameters in
 the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
 the engines' micro-batches, timed as the phases use it: a no-grad forward (old_logprob, ref; values
-with the value model) and a forward and backward (update_actor, update_critic). A phase near its
+with the value model) and a forward and backward (update_actor, update_critic), the first
+mini-batch's forward moved into old_logprob or values where the engine keeps it. A phase near its
 plain time spends what the model's own forward and backward cost; what an update adds on top is the
 mixed-precision casts, gradient clipping and AdamW.
 
@@ -165,16 +168,18 @@ def matmul_params(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def floors(actor: tuple[int, int], critic: tuple[int, int], tokens: int, response_tokens: int, steps: int,
-           weight_bytes: int, c: Ceilings) -> dict[str, float]:
-    """Seconds per phase at the matmul rate (gen: or the weight reads of its decode steps)."""
+           weight_bytes: int, c: Ceilings, kept: dict[str, float]) -> dict[str, float]:
+    """Seconds per phase at the matmul rate (gen: or the weight reads of its decode steps). `kept`:
+    per update, the share of its first epoch's forward that an earlier phase computed for it."""
     peak = c.tflops * 1e12
 
     def forward(params: tuple[int, int]) -> float:
         return (2 * params[0] * tokens + 2 * params[1] * response_tokens) / peak
 
     out = {"gen": max(forward(actor), steps * weight_bytes / c.bandwidth), "old_logprob": forward(actor),
-           "ref": forward(actor), "values": forward(critic), "update_critic": 3 * forward(critic),
-           "update_actor": 3 * forward(actor)}
+           "ref": forward(actor), "values": forward(critic),
+           "update_critic": (3 - kept["update_critic"]) * forward(critic),
+           "update_actor": (3 - kept["update_actor"]) * forward(actor)}
     out["step"] = sum(out.values())
     return out
 
@@ -191,9 +196,13 @@ def rollout_shaped_batch(records, pad_id: int, response_len: int, vocab_size: in
                             [""] * len(records), pad_id)
 
 
-def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3) -> dict[str, float]:
+def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, float],
+                  repeats: int = 3) -> dict[str, float]:
     """Median seconds (after one warm-up) of the plain transformers policy and value model on
-    `batch`, per phase: `PHASES`' forwards without gradients, the updates' forward and backward."""
+    `batch`, per phase as the engines run it: a no-grad forward (ref; old_logprob and values), a
+    forward and backward (the updates). Where an update keeps the share `kept` of its forward from
+    the phase before it (old_logprob or values), that share of the rows is forwarded with gradients
+    in that phase and only backpropagated in the update."""
     import statistics
 
     from ppo_trainer.engine.microbatch import plan_micro_batches
@@ -208,10 +217,13 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3)
                             cfg.model.logprob_chunk_tokens).to(device).train()
     critic_dir = resolve_model_path(cfg.critic.path, part="critic") if cfg.critic.path else model_dir
     critic = ValueModel.from_pretrained(critic_dir, attn_implementation=attn).to(device=device, dtype=dtype).train()
-    # the engines' own micro-batches of the batch (token budget, prompts packed where attention allows)
-    micro_batches = [m.batch.to(device) for m in plan_micro_batches(
-        batch, cfg.algorithm.ppo_micro_batch_tokens, shares_prompts(policy.hf_model))]
     with_entropy = cfg.algorithm.entropy_coef > 0
+
+    def micro_batches(rows) -> list:  # the engines' own (token budget, prompts packed where attention allows)
+        if not len(rows):
+            return []
+        return [m.batch.to(device) for m in plan_micro_batches(
+            batch.select(rows), cfg.algorithm.ppo_micro_batch_tokens, shares_prompts(policy.hf_model))]
 
     def policy_loss(micro) -> torch.Tensor:
         logp, entropy = policy(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
@@ -223,25 +235,35 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3)
         values = critic(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
         return ((values - 1.0).square() * micro.response_mask).sum()
 
-    def timed(loss_fn, module: torch.nn.Module, backward: bool) -> float:
-        times = []
+    def timed(loss_fn, module: torch.nn.Module, share: float) -> tuple[float, float]:
+        """(forward phase, update) seconds: `share` of the rows forwarded with gradients in the first."""
+        first = round(len(batch) * share)
+        kept_micro, rest_micro = micro_batches(range(first)), micro_batches(range(first, len(batch)))
+        forwards, updates = [], []
         for _ in range(repeats + 1):
             _sync(device)
             start = time.perf_counter()
-            with torch.set_grad_enabled(backward):
-                for micro in micro_batches:
-                    loss = loss_fn(micro)
-                    if backward:
-                        loss.backward()
+            kept_losses = [loss_fn(micro) for micro in kept_micro]
+            with torch.no_grad():
+                for micro in rest_micro:
+                    loss_fn(micro)
             _sync(device)
-            times.append(time.perf_counter() - start)
+            middle = time.perf_counter()
+            for loss in kept_losses:
+                loss.backward()
+            for micro in rest_micro:
+                loss_fn(micro).backward()
+            _sync(device)
+            forwards.append(middle - start)
+            updates.append(time.perf_counter() - middle)
             module.zero_grad(set_to_none=True)
-        return statistics.median(times[1:])
+        return statistics.median(forwards[1:]), statistics.median(updates[1:])
 
-    forward = timed(policy_loss, policy, backward=False)
-    return {"old_logprob": forward, "ref": forward, "values": timed(value_loss, critic, backward=False),
-            "update_actor": timed(policy_loss, policy, backward=True),
-            "update_critic": timed(value_loss, critic, backward=True)}
+    ref, _ = timed(policy_loss, policy, 0.0)
+    old_logprob, update_actor = timed(policy_loss, policy, kept["update_actor"])
+    values, update_critic = timed(value_loss, critic, kept["update_critic"])
+    return {"old_logprob": old_logprob, "ref": ref, "values": values, "update_actor": update_actor,
+            "update_critic": update_critic}
 
 
 def main() -> None:
@@ -282,6 +304,11 @@ def main() -> None:
         else:
             model_dir, prompts = build_workload(Path(tmp), shape, args.seed)
         cfg = bench_config(model_dir, prompts, shape, args.device, dtype, Path(tmp) / "out")
+        # the share of each update's forward that the phase before it computes (on one rank the
+        # engines keep the first mini-batch's forward: `FSDPEngine.forward_rows`)
+        first_mini_batch = 1 / shape["mini_batches"]
+        kept = {"update_critic": first_mini_batch,
+                "update_actor": first_mini_batch if cfg.algorithm.recompute_old_logprobs else 0.0}
         trainer = Trainer.from_config(cfg)
         try:
             actor = trainer.actor.workers.worker.engine.policy.hf_model
@@ -304,13 +331,13 @@ def main() -> None:
         plain = {}
         if args.plain:
             batch = rollout_shaped_batch(records, pad_id, shape["response_len"], vocab_size, args.seed)
-            plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype))
+            plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype), kept)
 
     measured_runs = runs[1:] or runs
     seconds = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in measured_runs) / len(measured_runs) for p in PHASES}
     response_tokens = shape["prompts"] * shape["response_len"]
     floor = floors(actor_params, critic_params, step_tokens, response_tokens, shape["response_len"], weight_bytes,
-                   ceilings)
+                   ceilings, kept)
     # a phase the config skips (the recipe's recompute_old_logprobs=false) has no floor in the step's;
     # its timer still runs (for microseconds), so the config says which
     skipped = {"old_logprob"} if not cfg.algorithm.recompute_old_logprobs else set()

@@ -65,7 +65,8 @@ class ActorEngine(FSDPEngine):
             self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload,
                                         share_prompts=self.share_prompts)
 
-    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
+    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True,
+               keep_rows: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         batch.require("response_mask", user="scoring")
         truncation = self.truncation if truncate else {}
 
@@ -76,15 +77,19 @@ class ActorEngine(FSDPEngine):
             )
             return (logp,) if ent is None else (logp, ent)
 
-        return engine.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, fn)
+        return engine.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, fn, keep_rows)
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, T] float32 logprobs of the response tokens under the current policy (0 on padding)."""
         return self._score(self, batch, with_entropy=False)[0]
 
-    def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding)."""
-        logp, ent = self._score(self, batch, with_entropy=True)
+    def compute_logprobs_and_entropy(self, batch: Batch, keep_for_update: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding).
+        `keep_for_update`: `update` will follow on this batch; where one rank holds the actor, the
+        forward of its first mini-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
+        keep = (self.first_mini_batch_rows(batch, self.mini_batch_size, self.algorithm, self.seed)
+                if keep_for_update else None)
+        logp, ent = self._score(self, batch, with_entropy=True, keep_rows=keep)
         return logp, ent
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -96,12 +101,16 @@ class ActorEngine(FSDPEngine):
         with self.policy.adapter_disabled():
             return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
-    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
-        logp, ent = self.module(
-            micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask, self.temperature,
-            self.algorithm.entropy_coef > 0, **self.truncation,
-        )
+    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts,
+                         outputs: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`);
+        `outputs`: its (logprobs, entropies), already computed with gradients."""
+        with_entropy = self.algorithm.entropy_coef > 0
+        if outputs is None:
+            logp, ent = self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
+                                    self.temperature, with_entropy, **self.truncation)
+        else:
+            logp, ent = outputs[0], (outputs[1] if with_entropy else None)
         return actor_loss(logp, ent, micro.old_logprobs, micro.advantages, micro.response_mask, micro.ref_logprobs,
                           micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
 
