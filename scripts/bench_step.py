@@ -19,7 +19,7 @@ the preset's length (`sampler.ignore_eos`), compute dtype `auto` unless --dtype 
 Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forward costs 2 x body x
 tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
-costs 3 forwards, less the first mini-batch's forward where the phase before the update computed it
+costs 3 forwards, less the first micro-batch's forward where the phase before the update computed it
 (values for the critic; old_logprob for the actor when it recomputes). gen = max(that forward,
 decode steps x weight bytes / copy bandwidth).
 
@@ -196,6 +196,19 @@ def rollout_shaped_batch(records, pad_id: int, response_len: int, vocab_size: in
                             [""] * len(records), pad_id)
 
 
+def kept_shares(cfg, batch, mini_batch_size: int) -> dict[str, float]:
+    """Per update, the share of the batch's rows whose forward the phase before it computes: on one
+    rank the engines keep the first micro-batch of the first mini-batch (`FSDPEngine.forward_rows`);
+    the actor only when it recomputes the old logprobs."""
+    from ppo_trainer.engine.microbatch import plan_micro_batches
+    from ppo_trainer.models.packing import MASKED_ATTENTION
+
+    first = plan_micro_batches(batch.select(range(mini_batch_size)), cfg.algorithm.ppo_micro_batch_tokens,
+                               cfg.model.attn_implementation in MASKED_ATTENTION)[0]
+    share = len(first.rows) / len(batch)
+    return {"update_critic": share, "update_actor": share if cfg.algorithm.recompute_old_logprobs else 0.0}
+
+
 def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, float],
                   repeats: int = 3) -> dict[str, float]:
     """Median seconds (after one warm-up) of the plain transformers policy and value model on
@@ -304,11 +317,6 @@ def main() -> None:
         else:
             model_dir, prompts = build_workload(Path(tmp), shape, args.seed)
         cfg = bench_config(model_dir, prompts, shape, args.device, dtype, Path(tmp) / "out")
-        # the share of each update's forward that the phase before it computes (on one rank the
-        # engines keep the first mini-batch's forward: `FSDPEngine.forward_rows`)
-        first_mini_batch = 1 / shape["mini_batches"]
-        kept = {"update_critic": first_mini_batch,
-                "update_actor": first_mini_batch if cfg.algorithm.recompute_old_logprobs else 0.0}
         trainer = Trainer.from_config(cfg)
         try:
             actor = trainer.actor.workers.worker.engine.policy.hf_model
@@ -328,10 +336,9 @@ def main() -> None:
         finally:
             trainer.close()
         del trainer, actor, critic
-        plain = {}
-        if args.plain:
-            batch = rollout_shaped_batch(records, pad_id, shape["response_len"], vocab_size, args.seed)
-            plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype), kept)
+        batch = rollout_shaped_batch(records, pad_id, shape["response_len"], vocab_size, args.seed)
+        kept = kept_shares(cfg, batch, shape["prompts"] // shape["mini_batches"])
+        plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype), kept) if args.plain else {}
 
     measured_runs = runs[1:] or runs
     seconds = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in measured_runs) / len(measured_runs) for p in PHASES}
@@ -352,7 +359,7 @@ def main() -> None:
         "seconds": seconds, "floor_seconds": floor,
         "tokens_per_s": {"step": step_tokens / seconds["step"], "gen": response_tokens / seconds["gen"]},
         "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
-        "plain_seconds": plain,
+        "plain_seconds": plain, "kept_forward_share": kept,
     }
     if args.engine_log.is_file():
         print(f"engine output: {args.engine_log}")

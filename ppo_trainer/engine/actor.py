@@ -86,7 +86,7 @@ class ActorEngine(FSDPEngine):
     def compute_logprobs_and_entropy(self, batch: Batch, keep_for_update: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding).
         `keep_for_update`: `update` will follow on this batch; where one rank holds the actor, the
-        forward of its first mini-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
+        forward of its first micro-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
         keep = (self.first_mini_batch_rows(batch, self.mini_batch_size, self.algorithm, self.seed)
                 if keep_for_update else None)
         logp, ent = self._score(self, batch, with_entropy=True, keep_rows=keep)

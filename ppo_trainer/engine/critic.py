@@ -50,7 +50,7 @@ class CriticEngine(FSDPEngine):
     def compute_values(self, batch: Batch, keep_for_update: bool = False) -> torch.Tensor:
         """[B, T] float32 V(s_t) for every response token t (the state before t; 0 on padding).
         `keep_for_update`: `update` will follow on this batch; where one rank holds the critic, the
-        forward of its first mini-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
+        forward of its first micro-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
         batch.require("response_mask", user="the critic's values")
         keep = (self.first_mini_batch_rows(batch, self.mini_batch_size, self.algorithm, self.seed)
                 if keep_for_update else None)

@@ -53,13 +53,13 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
 
 @dataclass
 class KeptForward:
-    """`forward_rows`' forward, with gradients, of rows `rows` of a batch (its `input_ids` [B, P+T]),
-    made after `updates` calls of `train`, in `micro_batches` (their `outputs` hold the graphs)."""
+    """`forward_rows`' forward, with gradients, of `micro` (its `outputs` hold the graph), the first
+    micro-batch of rows `rows` of a batch (its `input_ids` [B, P+T]), made after `updates` calls of `train`."""
 
     updates: int
     input_ids: torch.Tensor
     rows: torch.Tensor
-    micro_batches: list[MicroBatch]
+    micro: MicroBatch
 
     def computed(self, batch: Batch, rows: torch.Tensor, updates: int) -> bool:
         """Whether this is the forward of `batch`'s rows `rows` under the parameters of `updates` calls."""
@@ -92,7 +92,7 @@ class FSDPEngine:
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None
         self.updates = 0  # calls of `train`, part of the resume state (it seeds the shuffling)
-        self._kept: Optional[KeptForward] = None  # forward_rows' forward of the next train's first mini-batch
+        self._kept: Optional[KeptForward] = None  # forward_rows' forward of the next train's first micro-batch
         self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
     def forward_rows(self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]],
@@ -100,10 +100,12 @@ class FSDPEngine:
         """`fn(micro_batch_on_device)` over this rank's rows in eval mode, without gradients, each
         returned [b, t] reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width).
 
-        `keep_rows` (`first_mini_batch_rows` of `batch`; one rank only): those rows are computed in
-        train mode with gradients instead, in the micro-batches `train` will plan for them, and the
-        outputs keep their graphs: the next `train` call on this batch backpropagates through them
-        rather than forwarding its first mini-batch again (the parameters have not moved since)."""
+        `keep_rows` (`first_mini_batch_rows` of `batch`; one rank only): the first of the micro-batches
+        `train` will plan for those rows is computed in train mode with gradients instead, and its
+        outputs keep their graph: the next `train` call on this batch backpropagates through them
+        rather than forwarding that micro-batch again (the parameters have not moved since). One
+        micro-batch only: an update holds one micro-batch's activations at a time, so this one adds
+        nothing to its peak."""
         outputs: list[torch.Tensor] = []
 
         def write(results: Sequence[torch.Tensor], rows: torch.Tensor) -> None:
@@ -117,13 +119,12 @@ class FSDPEngine:
         try:
             if keep_rows is not None:
                 self.module.train()
-                kept = plan_micro_batches(batch.select(keep_rows), budget, self.share_prompts)
+                first = plan_micro_batches(batch.select(keep_rows), budget, self.share_prompts)[0]
                 with torch.enable_grad():
-                    for micro in kept:
-                        micro.outputs = tuple(fn(micro.batch.to(self.device)))
-                        write(micro.outputs, keep_rows[micro.rows])
-                self._kept = KeptForward(self.updates, batch.input_ids, keep_rows, kept)
-                rest[keep_rows] = False
+                    first.outputs = tuple(fn(first.batch.to(self.device)))
+                write(first.outputs, keep_rows[first.rows])
+                self._kept = KeptForward(self.updates, batch.input_ids, keep_rows, first)
+                rest[keep_rows[first.rows]] = False
             rows = rest.nonzero().squeeze(1)
             if len(rows):
                 self.module.eval()
@@ -158,19 +159,19 @@ class FSDPEngine:
 
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
         """algorithm.ppo_epochs passes over `batch` in mini-batches of `mini_batch_size` sequences
-        (`mini_batch_order`), one optimizer step each. The first mini-batch backpropagates through the
+        (`mini_batch_order`), one optimizer step each. The first micro-batch backpropagates through the
         forward `forward_rows` kept for it, if it kept one for this batch. Returns `summarize_steps` of
         `loss_fn`'s statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
-        kept, self._kept = self._kept, None  # good for this call's first mini-batch only
+        kept, self._kept = self._kept, None  # good for this call's first micro-batch only
         self.module.train()
         history: list[dict[str, float]] = []
         for epoch in range(algorithm.ppo_epochs):
             order = self.mini_batch_order(batch, algorithm, seed, epoch)
             for start in range(0, len(batch), mini_batch_size):
                 rows = order[start : start + mini_batch_size]
-                precomputed = kept.micro_batches if kept is not None and kept.computed(batch, rows, self.updates) else None
+                precomputed = kept.micro if kept is not None and kept.computed(batch, rows, self.updates) else None
                 kept = None
                 stats = self.backward_mini_batch(batch.select(rows), loss_fn, algorithm.ppo_micro_batch_tokens, precomputed)
                 stats.update(self.optimizer_step())
@@ -179,9 +180,9 @@ class FSDPEngine:
         return summarize_steps(history)
 
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int,
-                            precomputed: Optional[list[MicroBatch]] = None) -> dict[str, float]:
+                            precomputed: Optional[MicroBatch] = None) -> dict[str, float]:
         """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share;
-        `precomputed`: its micro-batches' outputs, kept by `forward_rows` (one rank only)."""
+        `precomputed`: its first micro-batch with outputs, kept by `forward_rows` (one rank only)."""
         if len(mini_batch) < self.world_size:
             raise ValueError(f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} "
                              "data-parallel ranks; every rank needs at least one (raise "
@@ -190,11 +191,10 @@ class FSDPEngine:
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy)
                  for m in plan_micro_batches(local, budget, self.share_prompts)]
-        if precomputed is not None:  # the same rows planned alike: the same micro-batches
-            for m, kept in zip(micro, precomputed, strict=True):
-                if not torch.equal(m.rows, kept.rows):
-                    raise RuntimeError("the kept forward's micro-batches differ from the update's")
-                m.outputs = kept.outputs
+        if precomputed is not None:  # the same rows planned alike: the same first micro-batch
+            if not torch.equal(micro[0].rows, precomputed.rows):
+                raise RuntimeError("the kept forward's micro-batch differs from the update's first")
+            micro[0].outputs = precomputed.outputs
         return accumulate_gradients(micro, loss_fn, counts)
 
     def optimizer_step(self) -> dict[str, float]:
