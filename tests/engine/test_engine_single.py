@@ -269,4 +269,3 @@ def test_no_forward_is_kept_under_dropout(tiny_model_dir):
     actor = make_actor(tiny_model_dir, lora=LoraConfig(rank=4, alpha=8, dropout=0.1))
     batch = random_batch(PROMPT_LENS, RESPONSE_LENS)
     assert actor.first_mini_batch_rows(batch, 8, actor.algorithm, actor.seed) is None
-
