@@ -70,8 +70,8 @@ class KeptForward:
 def has_dropout(module: nn.Module) -> bool:
     """Whether `module` computes differently in train mode: a dropout layer with p > 0, or a
     transformers config with attention dropout (applied functionally, not as a layer)."""
-    return any((isinstance(m, nn.Dropout) and m.p > 0) or getattr(getattr(m, "config", None), "attention_dropout", 0) > 0
-               for m in module.modules())
+    return any((isinstance(m, nn.Dropout) and m.p > 0)
+               or (getattr(getattr(m, "config", None), "attention_dropout", None) or 0) > 0 for m in module.modules())
 
 
 class FSDPEngine:
