@@ -27,7 +27,7 @@ decode steps x weight bytes / copy bandwidth).
 the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
 the engines' micro-batches, timed as the phases use it: a no-grad forward (old_logprob, ref; values
 with the value model) and a forward and backward (update_actor, update_critic), the first
-mini-batch's forward moved into old_logprob or values where the engine keeps it. A phase near its
+micro-batch's forward moved into old_logprob or values where the engine keeps it. A phase near its
 plain time spends what the model's own forward and backward cost; what an update adds on top is the
 mixed-precision casts, gradient clipping and AdamW.
 
