@@ -2,12 +2,13 @@
 
     python scripts/bench_memory.py +experiment=gsm8k_cpu trainer.total_steps=2 data.arithmetic.val_size=16
 
-Runs `ppo-train` in this process with the given overrides (on a CPU every role lives in it) and
-prints, for the build, each validation and every timed phase of every step: seconds, the resident
-set (VmRSS) before, at its peak and after, and where the C library is glibc, the heap's bytes in use
-at their peak and the heap's size after the phase. Heap size less peak use is memory the allocator
-holds that the run never needed at once: free blocks between live ones, which CPU workers keep for
-reuse (`workers.devices.keep_freed_host_memory`) instead of handing them back. A thread samples
+Runs `ppo-train` in this process with the given overrides (with `devices.backend=local`, the CPU
+recipes' default, every role lives in it; Ray's workers would not be counted) and prints, for the
+build, each validation and every timed phase of every step: seconds, the resident set (VmRSS)
+before, at its peak and after, and where the C library is glibc, the heap's bytes in use at their
+peak and the heap's size after the phase. Heap size less peak use is memory the allocator holds
+that the run never needed at once: free blocks between live ones, which CPU workers keep for reuse
+(`workers.devices.keep_freed_host_memory`) instead of handing them back. A thread samples
 every --interval seconds, so a spike shorter than that can be missed. The table also goes to --out.
 """
 
@@ -156,6 +157,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between samples")
     parser.add_argument("--out", type=Path, help="also write the table here")
     args, overrides = parser.parse_known_args()
+    if args.interval <= 0:
+        parser.error(f"--interval must be positive seconds, got {args.interval}")
     report = Report(Sampler(args.interval))
     instrument(report)
     print(Report.HEADER, flush=True)
