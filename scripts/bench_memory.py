@@ -73,6 +73,8 @@ class Sampler:
         return info.uordblks + info.hblkhd, info.arena + info.hblkhd
 
     def sample(self) -> None:
+        if not self.open:  # mallinfo2 takes the allocator's lock: no reads that no span wants
+            return
         rss, heap = resident_bytes(), self.heap()
         with self.lock:
             for peaks in self.open:
