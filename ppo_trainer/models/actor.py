@@ -11,6 +11,7 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ppo_trainer.config import LoraConfig
@@ -56,42 +57,101 @@ def top_k_top_p_keep(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -
     return keep
 
 
+def sampled_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, top_k: int = 0,
+                      top_p: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """[n, V] float32 log-probabilities of softmax(`logits` / temperature) truncated by
+    `top_k_top_p_keep` (-inf outside) and the [n, V] kept set (None when nothing is truncated). The
+    label of each row, `labels` [n], always counts as kept (it was sampled): where the trainer's logits
+    put it just outside (rounding between engines, a policy that moved) its logprob stays finite.
+    `logits` [n, V] float32 is divided in place (a [n, V] block fewer to allocate: page faults on a CPU)."""
+    if temperature != 1.0:
+        logits = logits.div_(temperature)
+    if not (top_k > 0 or top_p < 1.0):
+        return torch.log_softmax(logits, dim=-1), None
+    keep = top_k_top_p_keep(logits.detach(), top_k, top_p).scatter_(-1, labels.unsqueeze(-1), True)
+    return torch.log_softmax(logits.masked_fill(~keep, float("-inf")), dim=-1), keep
+
+
+def finite_log_probs(log_probs: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    """`log_probs` [n, V] with 0 for the dropped tokens (p = 0, log p = -inf), so that p * log p is 0
+    there and no 0 * inf reaches a gradient."""
+    return log_probs if keep is None else torch.where(keep, log_probs, 0)
+
+
+class FrozenHeadLogprobs(torch.autograd.Function):
+    """Logprobs [n] of `labels` and entropies [n] (zeros unless `with_entropy`) of one chunk of
+    `hidden` [n, H] through a frozen linear head (`weight` [V, H], `bias` [V] or None), differentiable
+    in `hidden`. With z = (hidden @ weight.T + bias) / T and p the truncated softmax of z:
+        d logp_i / d hidden_i = (weight[label_i] - p_i @ weight) / T
+        d ent_i  / d hidden_i = -((p_i * (log p_i + ent_i)) @ weight) / T
+    Each depends on row i alone, so the forward computes both ([n, H]) from the softmax it already
+    holds, and the backward is a row-wise product: no [n, V] logits kept, recomputed or
+    differentiated. A checkpointed chunk with a frozen head forwards the head twice and
+    backpropagates through its softmax: one vocabulary matmul and ~6 [n, V] passes more."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor,
+                temperature: float, top_k: int, top_p: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs, keep = sampled_log_probs(F.linear(hidden, weight, bias).float(), labels, temperature, top_k, top_p)
+        logp = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        probs = log_probs.exp()
+        # the matmuls in the head's dtype, as autograd's backward through the head would run them
+        d_logp = (weight[labels].float() - (probs.to(weight.dtype) @ weight).float()).div_(temperature)
+        ent = torch.zeros_like(logp)
+        d_ent = None
+        if with_entropy:
+            finite = finite_log_probs(log_probs, keep)
+            ent = -(probs * finite).sum(-1)
+            weighted = probs.mul_(finite.add_(ent.unsqueeze(-1)))  # in place: probs and log_probs are spent
+            d_ent = (weighted.to(weight.dtype) @ weight).float().div_(-temperature)
+        ctx.save_for_backward(d_logp, d_ent)
+        ctx.hidden_dtype = hidden.dtype
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, grad_ent: torch.Tensor):  # noqa: ANN205
+        d_logp, d_ent = ctx.saved_tensors
+        grad = grad_logp.unsqueeze(-1) * d_logp
+        if d_ent is not None:
+            grad = grad.add_(grad_ent.unsqueeze(-1) * d_ent)
+        return grad.to(ctx.hidden_dtype), None, None, None, None, None, None, None
+
+
 def response_logprobs(hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, temperature: float,
                       chunk_tokens: int, with_entropy: bool = False, top_k: int = 0,
                       top_p: float = 1.0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """float32 logprobs [N] (and entropies [N], None unless asked) of the token ids `labels` [N] under
     softmax(lm_head(hidden) / temperature), `hidden` [N, H] being the states that predict them, truncated
-    to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing).
+    to `top_k_top_p_keep` and renormalised (top_k=0 and top_p=1 truncate nothing; `sampled_log_probs`).
 
-    A label always counts as kept (it was sampled): where the trainer's logits put it just outside
-    (rounding between engines, a policy that moved) its logprob stays finite. Works in chunks of
-    `chunk_tokens` rows, each checkpointed under autograd: at most one [chunk, V] block of logits."""
-    truncated = top_k > 0 or top_p < 1.0
+    Works in chunks of `chunk_tokens` rows: at most one [chunk, V] block of logits exists. Under
+    autograd a frozen linear head (a LoRA actor's) takes `FrozenHeadLogprobs`; any other head's
+    chunks are checkpointed (recomputed in the backward)."""
 
     def chunk_fn(h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = lm_head(h).float()
-        if temperature != 1.0:  # in place: a [chunk, V] block fewer to allocate (page faults on a CPU)
-            logits = logits.div_(temperature)
-        if truncated:
-            keep = top_k_top_p_keep(logits.detach(), top_k, top_p).scatter_(-1, y.unsqueeze(-1), True)
-            logits = logits.masked_fill(~keep, float("-inf"))
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs, keep = sampled_log_probs(lm_head(h).float(), y, temperature, top_k, top_p)
         logp = log_probs.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-        ent = torch.zeros_like(logp)
-        if with_entropy:
-            # -sum p log p from the log-probabilities: logsumexp(z) - sum(p z) cancels two large
-            # numbers and loses ~1e-4 in float32 once logits reach ~25. Dropped tokens have p = 0
-            # and log p = -inf: their term is 0, written so that no 0 * inf reaches a gradient.
-            finite_log_probs = torch.where(keep, log_probs, 0) if truncated else log_probs
-            ent = -(log_probs.exp() * finite_log_probs).sum(-1)
+        # -sum p log p from the log-probabilities: logsumexp(z) - sum(p z) cancels two large
+        # numbers and loses ~1e-4 in float32 once logits reach ~25
+        ent = -(log_probs.exp() * finite_log_probs(log_probs, keep)).sum(-1) if with_entropy else torch.zeros_like(logp)
         return logp, ent
 
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+    trainable_head = any(p.requires_grad for p in lm_head.parameters())
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or trainable_head)
+    frozen_linear = grad and not trainable_head and isinstance(lm_head, nn.Linear)
     empty = hidden.new_zeros(0, dtype=torch.float32)  # torch.cat needs one tensor when N = 0
     logps, ents = [empty], [empty]
     for start in range(0, hidden.shape[0], chunk_tokens):
         h, y = hidden[start : start + chunk_tokens], labels[start : start + chunk_tokens]
-        logp, ent = checkpoint(chunk_fn, h, y, use_reentrant=False) if grad else chunk_fn(h, y)
+        if frozen_linear:
+            logp, ent = FrozenHeadLogprobs.apply(h, lm_head.weight, lm_head.bias, y, temperature, top_k, top_p,
+                                                 with_entropy)
+        elif grad:
+            logp, ent = checkpoint(chunk_fn, h, y, use_reentrant=False)
+        else:
+            logp, ent = chunk_fn(h, y)
         logps.append(logp)
         ents.append(ent)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)

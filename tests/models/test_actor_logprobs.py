@@ -56,18 +56,25 @@ def full_softmax(hidden, lm_head, labels, temperature):
     return log_probs.gather(-1, labels[:, None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
 
 
-def big_vocab_case(n_tokens=96, hidden_size=16, vocab=32768):
+def big_vocab_case(n_tokens=96, hidden_size=16, vocab=32768, head_trainable=True):
+    """hidden [n_tokens, hidden_size] (requires grad), a linear head (frozen unless `head_trainable`:
+    a LoRA actor's head takes `FrozenHeadLogprobs`, a trainable one checkpointed chunks), labels."""
     gen = torch.Generator().manual_seed(0)
     lm_head = torch.nn.Linear(hidden_size, vocab, bias=False)
     with torch.no_grad():
         lm_head.weight.copy_(torch.randn(vocab, hidden_size, generator=gen))
+    lm_head.requires_grad_(head_trainable)
     hidden = torch.randn(n_tokens, hidden_size, generator=gen, requires_grad=True)
     labels = torch.randint(0, vocab, (n_tokens,), generator=gen)
     return hidden, lm_head, labels
 
 
-def test_chunked_logprobs_and_entropy_equal_a_float64_full_softmax_values_and_gradients():
-    hidden, lm_head, labels = big_vocab_case()
+HEADS = pytest.mark.parametrize("head_trainable", [True, False], ids=["trainable_head", "frozen_head"])
+
+
+@HEADS
+def test_chunked_logprobs_and_entropy_equal_a_float64_full_softmax_values_and_gradients(head_trainable):
+    hidden, lm_head, labels = big_vocab_case(head_trainable=head_trainable)
     logp, ent = response_logprobs(hidden, lm_head, labels, temperature=0.7, chunk_tokens=10, with_entropy=True)
     (logp.sum() + 0.3 * ent.sum()).backward()
 
@@ -90,17 +97,70 @@ def test_chunked_logprobs_and_entropy_equal_a_float64_full_softmax_values_and_gr
     assert logp_ratio.max() <= 1, f"logprob error {logp_ratio.max():.2f}x its float32 bound"
     assert ent_ratio.max() <= 1, f"entropy error {ent_ratio.max():.2f}x its float32 bound"
     torch.testing.assert_close(hidden.grad.double(), hidden64.grad, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(lm_head.weight.grad.double(), head64.weight.grad, atol=1e-4, rtol=1e-4)
+    if head_trainable:
+        torch.testing.assert_close(lm_head.weight.grad.double(), head64.weight.grad, atol=1e-4, rtol=1e-4)
+    else:
+        assert lm_head.weight.grad is None
 
 
-def test_chunked_logprobs_use_less_peak_memory_than_full_softmax():
-    hidden, lm_head, labels = big_vocab_case()
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_frozen_head_gradients_weight_logprob_and_entropy_by_their_own_upstream_gradients(with_entropy):
+    """`FrozenHeadLogprobs` against autograd through a float64 full softmax, with per-token upstream
+    gradients (as the PPO loss gives them), a bias, temperature, and a label outside the top-k."""
+    hidden, lm_head, labels = big_vocab_case(n_tokens=12, vocab=300, head_trainable=False)
+    lm_head.bias = torch.nn.Parameter(torch.linspace(-1, 1, 300), requires_grad=False)
+    gen = torch.Generator().manual_seed(1)
+    upstream_logp, upstream_ent = torch.randn(12, generator=gen), torch.randn(12, generator=gen)
+    logp, ent = response_logprobs(hidden, lm_head, labels, 0.8, chunk_tokens=5, with_entropy=with_entropy, top_k=40)
+    loss = (upstream_logp * logp).sum() + ((upstream_ent * ent).sum() if with_entropy else 0)
+    loss.backward()
+
+    hidden64 = hidden.detach().double().requires_grad_(True)
+    with torch.no_grad():
+        logits = (hidden64 @ lm_head.weight.double().T + lm_head.bias.double()) / 0.8
+        keep = logits >= torch.topk(logits, 40, dim=-1).values[:, -1:]
+        keep[torch.arange(12), labels] = True
+    log_probs = torch.log_softmax(((hidden64 @ lm_head.weight.double().T + lm_head.bias.double()) / 0.8)
+                                  .masked_fill(~keep, float("-inf")), dim=-1)
+    ref_logp = log_probs.gather(-1, labels[:, None]).squeeze(-1)
+    ref_ent = -(log_probs.exp() * torch.where(keep, log_probs, 0)).sum(-1)
+    ref_loss = (upstream_logp * ref_logp).sum() + ((upstream_ent * ref_ent).sum() if with_entropy else 0)
+    ref_loss.backward()
+    torch.testing.assert_close(logp.double(), ref_logp.detach(), atol=1e-5, rtol=0)
+    if with_entropy:
+        torch.testing.assert_close(ent.double(), ref_ent.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden.grad.double(), hidden64.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_frozen_head_bf16_gradient_matches_autograd_through_the_same_bf16_head():
+    """In bf16 both routes multiply by the head in bf16 (autograd casts d logits to bf16, the
+    fused forward casts p): they agree to bf16's rounding of those products, measured against
+    the size of the gradient (relative error <= a few units of bf16's eps)."""
+    hidden, lm_head, labels = big_vocab_case(n_tokens=16, vocab=512, head_trainable=False)
+    lm_head = lm_head.to(torch.bfloat16)
+    hidden = hidden.detach().to(torch.bfloat16).requires_grad_(True)
+    upstream = torch.randn(16, generator=torch.Generator().manual_seed(2))
+    logp, _ = response_logprobs(hidden, lm_head, labels, 0.7, chunk_tokens=6)
+    (upstream * logp).sum().backward()
+
+    hidden_ref = hidden.detach().clone().requires_grad_(True)
+    ref = torch.log_softmax(lm_head(hidden_ref).float() / 0.7, -1).gather(-1, labels[:, None]).squeeze(-1)
+    (upstream * ref).sum().backward()
+    torch.testing.assert_close(logp, ref.detach(), atol=0, rtol=0)
+    error = (hidden.grad.float() - hidden_ref.grad.float()).norm() / hidden_ref.grad.float().norm()
+    assert error <= 4 * torch.finfo(torch.bfloat16).eps, f"relative gradient error {error:.2e}"
+
+
+@HEADS
+def test_chunked_logprobs_use_less_peak_memory_than_full_softmax(head_trainable):
+    hidden, lm_head, labels = big_vocab_case(head_trainable=head_trainable)
     n_tokens, vocab, chunk = hidden.shape[0], lm_head.out_features, 8
 
     with PeakMemory() as chunked:
         logp, ent = response_logprobs(hidden, lm_head, labels, 1.0, chunk_tokens=chunk, with_entropy=True)
         (logp.sum() + ent.sum()).backward()
     hidden.grad, lm_head.weight.grad = None, None
+    lm_head.requires_grad_(True)  # the reference's full [N, V] softmax, kept for its backward either way
     with PeakMemory() as full:
         ref_logp, ref_ent = full_softmax(hidden, lm_head, labels, 1.0)
         (ref_logp.sum() + ref_ent.sum()).backward()
@@ -228,8 +288,9 @@ def hf_processed_logits(logits: torch.Tensor, temperature: float, top_k: int, to
     return scores
 
 
+@HEADS
 @pytest.mark.parametrize("top_k,top_p", TRUNCATIONS)
-def test_truncated_logprobs_and_entropy_equal_hf_top_k_then_top_p_warpers(top_k, top_p):
+def test_truncated_logprobs_and_entropy_equal_hf_top_k_then_top_p_warpers(top_k, top_p, head_trainable):
     """Tokens drawn from the warped distribution: their chunked logprobs and the entropies equal
     log_softmax of HF's processed scores (float64 for the entropy reference); gradients finite.
     Tokens 0-3 tie for the top of every row, so top-k keeps ties and top-p splits them as HF does."""
@@ -241,6 +302,7 @@ def test_truncated_logprobs_and_entropy_equal_hf_top_k_then_top_p_warpers(top_k,
         lm_head.bias.zero_()
         lm_head.bias[:4] = 6.0
         logits = lm_head(hidden).float()
+    lm_head.requires_grad_(head_trainable)
     assert (logits[:, 1:4] == logits[:, :1]).all()
     processed = hf_processed_logits(logits, 0.7, top_k, top_p)
     labels = torch.multinomial(processed.softmax(-1), 1, generator=torch.Generator().manual_seed(0)).squeeze(-1)
@@ -253,7 +315,8 @@ def test_truncated_logprobs_and_entropy_equal_hf_top_k_then_top_p_warpers(top_k,
     ref_ent = -(p64 * torch.where(p64 > 0, p64.log(), 0)).sum(-1)
     torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=0)
     (logp.sum() + ent.sum()).backward()
-    assert torch.isfinite(hidden.grad).all() and torch.isfinite(lm_head.weight.grad).all()
+    assert torch.isfinite(hidden.grad).all()
+    assert not head_trainable or torch.isfinite(lm_head.weight.grad).all()
 
 
 def test_a_token_outside_the_truncated_set_keeps_a_finite_logprob():
@@ -269,8 +332,9 @@ def test_a_token_outside_the_truncated_set_keeps_a_finite_logprob():
     assert torch.isfinite(ent).all()
 
 
-def test_truncated_chunked_logprobs_never_hold_the_full_logits():
-    hidden, lm_head, labels = big_vocab_case()
+@HEADS
+def test_truncated_chunked_logprobs_never_hold_the_full_logits(head_trainable):
+    hidden, lm_head, labels = big_vocab_case(head_trainable=head_trainable)
     full_logits_bytes = hidden.shape[0] * lm_head.out_features * 4
     with PeakMemory() as chunked:
         logp, ent = response_logprobs(hidden, lm_head, labels, 1.0, chunk_tokens=8, with_entropy=True,
