@@ -176,8 +176,7 @@ class Trainer:
                     metrics["reward/errors"] = errors
             with timer("old_logprob"):
                 if a.recompute_old_logprobs:
-                    old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch,
-                                                        keep_for_update=step > a.critic_warmup)
+                    old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
                     metrics["actor/entropy"] = masked_mean(entropy, batch.response_mask).item()
                     metrics.update(logprob_gap_metrics(batch.sample_logprobs, old, batch.response_mask))
                 else:

@@ -20,14 +20,13 @@ Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forwar
 tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
 costs 3 forwards, less the first micro-batch's forward where the phase before the update computed it
-(values for the critic; old_logprob for the actor when it recomputes). gen = max(that forward,
-decode steps x weight bytes / copy bandwidth).
+(values, for the critic). gen = max(that forward, decode steps x weight bytes / copy bandwidth).
 
 --plain adds a tighter reference than the matmul floor: the plain transformers model (parameters in
 the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
 the engines' micro-batches, timed as the phases use it: a no-grad forward (old_logprob, ref; values
 with the value model) and a forward and backward (update_actor, update_critic), the first
-micro-batch's forward moved into old_logprob or values where the engine keeps it. A phase near its
+critic's first micro-batch's forward moved into values, which keeps it for the update. A phase near its
 plain time spends what the model's own forward and backward cost; what an update adds on top is the
 mixed-precision casts, gradient clipping and AdamW.
 
@@ -198,15 +197,15 @@ def rollout_shaped_batch(records, pad_id: int, response_len: int, vocab_size: in
 
 def kept_shares(cfg, batch, mini_batch_size: int) -> dict[str, float]:
     """Per update, the share of the batch's rows whose forward the phase before it computes: on one
-    rank the engines keep the first micro-batch of the first mini-batch (`FSDPEngine.forward_rows`);
-    the actor only when it recomputes the old logprobs."""
+    rank the values pass keeps the critic's first micro-batch of the first mini-batch
+    (`FSDPEngine.forward_rows`); the actor's old-logprob pass keeps none."""
     from ppo_trainer.engine.microbatch import plan_micro_batches
     from ppo_trainer.models.packing import MASKED_ATTENTION
 
     first = plan_micro_batches(batch.select(range(mini_batch_size)), cfg.algorithm.ppo_micro_batch_tokens,
                                cfg.model.attn_implementation in MASKED_ATTENTION)[0]
     share = len(first.rows) / len(batch)
-    return {"update_critic": share, "update_actor": share if cfg.algorithm.recompute_old_logprobs else 0.0}
+    return {"update_critic": share, "update_actor": 0.0}
 
 
 def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, float],

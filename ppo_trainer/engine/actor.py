@@ -65,8 +65,7 @@ class ActorEngine(FSDPEngine):
             self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload,
                                         share_prompts=self.share_prompts)
 
-    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True,
-               keep_rows: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+    def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
         batch.require("response_mask", user="scoring")
         truncation = self.truncation if truncate else {}
 
@@ -77,19 +76,18 @@ class ActorEngine(FSDPEngine):
             )
             return (logp,) if ent is None else (logp, ent)
 
-        return engine.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, fn, keep_rows)
+        return engine.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, fn)
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, T] float32 logprobs of the response tokens under the current policy (0 on padding)."""
         return self._score(self, batch, with_entropy=False)[0]
 
-    def compute_logprobs_and_entropy(self, batch: Batch, keep_for_update: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding).
-        `keep_for_update`: `update` will follow on this batch; where one rank holds the actor, the
-        forward of its first micro-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
-        keep = (self.first_mini_batch_rows(batch, self.mini_batch_size, self.algorithm, self.seed)
-                if keep_for_update else None)
-        logp, ent = self._score(self, batch, with_entropy=True, keep_rows=keep)
+        Unlike the values pass, this pass keeps no forward for the update (`FSDPEngine.forward_rows`):
+        held through the reference and values passes and the critic's update, a kept actor forward
+        raised the CPU recipe's peak by ~1.2 GiB to save ~0.3 s of a 28 s step."""
+        logp, ent = self._score(self, batch, with_entropy=True)
         return logp, ent
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
