@@ -25,9 +25,9 @@ costs 3 forwards, less the first micro-batch's forward where the phase before th
 --plain adds a tighter reference than the matmul floor: the plain transformers model (parameters in
 the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
 the engines' micro-batches, timed as the phases use it: a no-grad forward (old_logprob, ref; values
-with the value model) and a forward and backward (update_actor, update_critic), the first
-critic's first micro-batch's forward moved into values, which keeps it for the update. A phase near its
-plain time spends what the model's own forward and backward cost; what an update adds on top is the
+with the value model) and a forward and backward (update_actor, update_critic), the critic's first
+micro-batch's forward moved into values, which keeps it for the update. A phase near its plain
+time spends what the model's own forward and backward cost; what an update adds on top is the
 mixed-precision casts, gradient clipping and AdamW.
 
 The engines' start-up and per-call output goes to --engine-log, as `ppo-train` sends it to
