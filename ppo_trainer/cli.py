@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
                                 validate_static)
-from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels
+from ppo_trainer.run_folder import absolute_output_dir, exclusive
+from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels, shown_path
 
 log = logging.getLogger("ppo_trainer")
 
@@ -36,8 +37,10 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         hydra_cfg = HydraConfig.get()
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         user_set_output = any(o.lstrip("+").startswith("trainer.output_dir=") for o in hydra_cfg.overrides.task)
-        if multirun and not user_set_output:  # each sweep job writes (and resumes) in its own job directory
-            cfg.trainer.output_dir = hydra_cfg.runtime.output_dir
+        if multirun:  # each sweep job writes (and resumes) in its own folder: the job's, or <output_dir>/<job number>
+            cfg.trainer.output_dir = (str(Path(cfg.trainer.output_dir) / str(hydra_cfg.job.num)) if user_set_output
+                                      else hydra_cfg.runtime.output_dir)
+        output_dir = absolute_output_dir(cfg)
         problems = environment_problems(cfg)
         if cfg.trainer.dry_run:
             plan = describe_plan(cfg, problems)
@@ -49,21 +52,19 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             return None
         if problems:
             raise ConfigError(problems[0])
-        if multirun:  # for ppo-sweep-report: hydra.output_subdir=null keeps no .hydra/overrides.yaml
-            job_dir = Path(cfg.trainer.output_dir)
-            job_dir.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), job_dir / "overrides.yaml")
-        with engine_output_to_file(Path(cfg.trainer.output_dir) / "engine.log", cfg.trainer.verbose):
-            from ppo_trainer.trainer import run_training  # after the engines' log levels are set
+        with exclusive(output_dir):  # before anything is written into the folder
+            if multirun:  # for ppo-sweep-report: hydra.output_subdir=null keeps no .hydra/overrides.yaml
+                OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), output_dir / "overrides.yaml")
+            with engine_output_to_file(output_dir / "engine.log", cfg.trainer.verbose):
+                from ppo_trainer.trainer import run_training  # after the engines' log levels are set
 
-            log.info("dtypes: %s", dtype_summary(cfg))
-            return run_training(cfg)
+                log.info("dtypes: %s", dtype_summary(cfg))
+                return run_training(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
-        from ppo_trainer.checkpoint import complete_steps, step_dir
+        from ppo_trainer.checkpoint import last_complete
 
-        output_dir = Path(cfg.trainer.output_dir)
-        steps = complete_steps(output_dir)
-        where = (f"the last complete checkpoint is {step_dir(output_dir, steps[-1])}: rerun to continue" if steps
+        last = last_complete(Path(cfg.trainer.output_dir))
+        where = (f"the last complete checkpoint is {shown_path(last)}: rerun to continue" if last
                  else "no checkpoint was written yet: a rerun starts over")
         print(f"ppo-train: interrupted; {where}", file=sys.stderr)
         sys.exit(130)
@@ -83,9 +84,9 @@ def _exit(what: str, error: BaseException, code: int) -> NoReturn:
 
 # Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
 _INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
-                 ("ppo_trainer.checkpoint", "CheckpointError"))
+                 ("ppo_trainer.checkpoint", "CheckpointError"), ("ppo_trainer.run_folder", "OutputDirBusy"))
 _RUN_ERRORS = (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-               ("ppo_trainer.workers.ray_backend", "WorkerError"))
+               ("ppo_trainer.workers.ray_backend", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))
 
 
 def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:

@@ -222,7 +222,8 @@ class TrainerConfig:
     val_every: int = 10  # steps; 0 validates only before the first and after the last step
     save_every: int = 10  # steps; 0 saves only at the end
     keep_last: int = 2  # checkpoints kept; older ones are removed
-    resume: str = "auto"  # auto | never | a checkpoint path
+    resume: str = "auto"  # auto | never (the previous run is moved aside) | a checkpoint path
+    resume_allow: list[str] = field(default_factory=list)  # refused resume changes accepted knowingly (resume.py)
     stop_after_steps: Optional[int] = None  # end this invocation early (total_steps unchanged)
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     log_samples: int = 4  # samples per step written to samples.jsonl
@@ -415,6 +416,11 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
     _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
     _require(cfg.eval.limit is None or cfg.eval.limit >= 1, "eval.limit", "must be >= 1, or null for every row")
+    for key in t.resume_allow:
+        try:
+            check_key(key)
+        except ConfigError as e:
+            raise ConfigError(f"'trainer.resume_allow' names {key!r}: {e}") from None
 
     sizes = batch_arithmetic(cfg)
     seq_tokens = sizes["max_tokens_per_sequence"]

@@ -77,9 +77,11 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
 
 
 def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Optional[int]]:
-    """(model folder, run folder or None, checkpoint step or None) of a ppo-eval model.path: a
-    model, a checkpoint's actor folder, a `global_step_N` folder (its merged LoRA export, else its
-    actor), a pointer file or a run folder (its latest checkpoint). An adapter is merged under `scratch`."""
+    """(model folder, the run's config file or None, checkpoint step or None) of a ppo-eval model.path:
+    a model, a checkpoint's actor folder, a `global_step_N` folder (its merged LoRA export, else its
+    actor), a pointer file or a run folder (its latest checkpoint). The config is the one the
+    checkpoint was trained with (state/config.yaml), else the run's config.yaml. An adapter is merged
+    under `scratch`."""
     local = Path(path).expanduser()
     actor: Optional[Path] = None
     if local.is_file() and local.parent.name == "checkpoints":  # checkpoints/latest or checkpoints/best
@@ -97,26 +99,26 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
     else:
         return resolve_model_path(path), None, None
 
-    run_dir = step_folder.parent.parent
-    run_dir = run_dir if (run_dir / "config.yaml").is_file() else None
+    run_config = next((c for c in (step_folder / "state" / "config.yaml", step_folder.parent.parent / "config.yaml")
+                       if c.is_file()), None)
     step = int(STEP_DIR.match(step_folder.name).group(1))
     if actor is None:
         merged = step_folder / "actor_merged"
         actor = merged if (merged / "config.json").is_file() else step_folder / "actor"
     if (actor / "adapter_config.json").is_file():
-        return _merge_adapter(actor, run_dir, scratch), run_dir, step
+        return _merge_adapter(actor, run_config, scratch), run_config, step
     if not (actor / "config.json").is_file():
         raise ModelPathError(f"model.path='{path}': {actor} holds neither a model (config.json) nor a LoRA adapter")
-    return actor, run_dir, step
+    return actor, run_config, step
 
 
-def _merge_adapter(adapter: Path, run_dir: Optional[Path], scratch: Path) -> Path:
-    """The LoRA adapter merged into its base model, saved as a model folder under `scratch`."""
+def _merge_adapter(adapter: Path, run_config: Optional[Path], scratch: Path) -> Path:
+    """The LoRA adapter merged into its base model (the run's model.path), saved as a model folder under `scratch`."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base = (OmegaConf.load(run_dir / "config.yaml").model.path if run_dir is not None
+    base = (OmegaConf.load(run_config).model.path if run_config is not None
             else json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path"))
     base_dir = resolve_model_path(base)
     logger.info("eval: applying the LoRA adapter %s to its base %s", adapter, base_dir)
@@ -138,15 +140,15 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
     return paths, [o for o in overrides if o.partition("=")[0] != "model.path"]
 
 
-def eval_config(composed: Any, overrides: list[str], run_dir: Optional[Path]) -> Any:
-    """The run's config.yaml with each key or group that `overrides` name taken from `composed`."""
-    if run_dir is None:
+def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path]) -> Any:
+    """The run's config (`resolve_target`) with each key or group that `overrides` name taken from `composed`."""
+    if run_config is None:
         return composed
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = OmegaConf.load(run_config)
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
         if key == "experiment":
-            raise ConfigError(f"+experiment does not apply to a checkpoint: {run_dir}/config.yaml gives the run's "
+            raise ConfigError(f"+experiment does not apply to a checkpoint: {run_config} gives the run's "
                               "settings; override single keys instead")
         OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
     return validate_static(cfg)
@@ -161,11 +163,11 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     paths = paths or [composed.model.path]  # the model of an experiment, or the default
     with tempfile.TemporaryDirectory(prefix="ppo-eval-") as scratch:
         targets = [resolve_target(p, Path(scratch)) for p in paths]
-        run_dir = next((run for _, run, _ in targets if run is not None), None)
-        cfg = eval_config(composed, rest, run_dir)
-        if run_dir is not None:
-            logger.info("eval: data, prompts, reward and sampler of the run %s (its config.yaml)", run_dir)
-        name = cfg.sampler.name if run_dir is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
+        run_config = next((config for _, config, _ in targets if config is not None), None)
+        cfg = eval_config(composed, rest, run_config)
+        if run_config is not None:
+            logger.info("eval: data, prompts, reward and sampler of the run (%s)", run_config)
+        name = cfg.sampler.name if run_config is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
                                           max_new_tokens=cfg.eval.max_new_tokens)
         default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")

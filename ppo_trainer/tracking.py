@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
 import re
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TextIO
 
@@ -134,9 +134,8 @@ class Tracker:
         if "wandb" in loggers:
             import wandb
 
-            run_id = hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16]  # a rerun resumes it
             run = wandb.init(project="ppo-trainer", name=run_name, config=mask_secrets(config),
-                             dir=str(output_dir), resume="allow", id=run_id)
+                             dir=str(output_dir), resume="allow", id=wandb_run_id(output_dir))
             self._sinks.append((lambda step, m: run.log(m, step=step), run.finish))
         if "mlflow" in loggers:
             import mlflow
@@ -174,6 +173,17 @@ class Tracker:
                  cols=3, size=(4, 3))
 
 
+def wandb_run_id(output_dir: Path) -> str:
+    """The W&B run id of this output folder: made at its first start and saved in it, so a resume logs
+    into the same run and another folder (another machine with the same path too) into its own."""
+    path = output_dir / "wandb_run_id"
+    if not path.is_file():
+        tmp = path.with_name(".wandb_run_id.tmp")
+        tmp.write_text(uuid.uuid4().hex[:16] + "\n")
+        os.replace(tmp, path)
+    return path.read_text().strip()
+
+
 StepValue = tuple[Optional[int], Optional[float]]  # (step, value) of the objective, or (None, None)
 
 
@@ -199,14 +209,20 @@ def run_summary(output_dir: Path, *, steps: tuple[int, int, int], seconds: float
         head,
         f"  steps this run:   {first} -> {done} in {_duration(seconds)}",
         f"  objective:        {objective_name} final {value(final)}, best {value(best)}",
-        f"  best checkpoint:  {best_dir if best_dir is not None else 'none (no validation improved it yet)'}",
-        f"  last checkpoint:  {last_dir if last_dir is not None else 'none'}",
-        f"  plots:            {plots if plots.is_file() else 'not written (needs matplotlib)'}",
+        f"  best checkpoint:  {shown_path(best_dir) if best_dir is not None else 'none (no validation improved it yet)'}",
+        f"  last checkpoint:  {shown_path(last_dir) if last_dir is not None else 'none'}",
+        f"  plots:            {shown_path(plots) if plots.is_file() else 'not written (needs matplotlib)'}",
     ]
     if best_dir is not None or last_dir is not None:
         which = "best" if best_dir is not None else "last"
-        lines.append(f"  evaluate {which}:    ppo-eval model.path={best_dir or last_dir}")
+        lines.append(f"  evaluate {which}:    ppo-eval model.path={shown_path(best_dir or last_dir)}")
     return "\n".join(lines)
+
+
+def shown_path(path: Path) -> str:
+    """`path` relative to the working folder when it lies inside it (what the user typed), else absolute."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def _duration(seconds: float) -> str:

@@ -15,9 +15,9 @@ from typing import Any, Iterator, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer import checkpoint
+from ppo_trainer import checkpoint, resume, run_folder
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import ConfigError, kl_in_reward, uses_reference
+from ppo_trainer.config import kl_in_reward, uses_reference
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
@@ -26,7 +26,8 @@ from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import evaluate_records, prompt_batch
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
-from ppo_trainer.tracking import Tracker, console_stream, mask_secrets, run_summary
+from ppo_trainer.tracking import Tracker, console_stream, run_summary
+from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
 
 log = logging.getLogger("ppo_trainer")
@@ -61,37 +62,48 @@ class Trainer:
         self.val_records = val_records
         self.output_dir = Path(cfg.trainer.output_dir)
         self.loader = PromptLoader(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
         self.reward_fn = load_reward_fn(cfg.reward)
         g = cfg.gae
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
         self.uses_reference = uses_reference(cfg)
         self.kl_in_reward = kl_in_reward(cfg)
         self.step = 0
-        self.nonfinite_streak = {"actor": 0, "critic": 0}  # PPO steps in a row with skipped updates
+        self.nonfinite_streak = {"actor": 0, "critic": 0, "kl_ctrl": 0}  # PPO steps in a row with skipped updates
         self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
         self._stop_requested: Optional[str] = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
-        """Data, reward and resume state are checked before any model loads; then the groups."""
+        """The resume is checked (`ppo_trainer.resume`), data and reward loaded and config.yaml
+        written before any model loads; then the groups. The caller holds the output folder."""
         from ppo_trainer.models.loading import load_tokenizer
         from ppo_trainer.workers.group import build_groups
 
         output_dir = Path(cfg.trainer.output_dir)
-        check_output_dir(output_dir, cfg)
+        if cfg.trainer.resume == "never":
+            run_folder.move_previous_run(output_dir)
         resume_from = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
-        resume_state = checkpoint.load_trainer_state(resume_from / "state") if resume_from else None
+        changes: list[resume.Change] = []
+        if resume_from is None and cfg.trainer.resume == "auto":
+            resume.check_unsaved_run(output_dir, cfg)
+        if resume_from is not None:
+            state, rng = checkpoint.load_trainer_state(resume_from / "state")
+            changes = resume.check_config(resume_from, checkpoint.saved_config(resume_from), state,
+                                          run_folder.resolved_config(cfg))
+            resume.check_dtypes(state, resolved_dtypes(cfg))
         tokenizer = load_tokenizer(cfg.model.path)
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
+        if resume_from is not None:
+            resume.check_train_data(state, resume.data_fingerprint(train_records), changes, cfg)
         load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load
 
-        output_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg))), output_dir / "config.yaml")
+        run_folder.write_config(output_dir, cfg)
         groups = build_groups(cfg)
         trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records)
         if resume_from is not None:
-            trainer.load(resume_from, *resume_state)
+            trainer.load(resume_from, state, rng, restore_kl=resume.restores_kl_controller(changes))
         return trainer
 
     def fit(self) -> Optional[float]:
@@ -133,12 +145,13 @@ class Trainer:
                 signal.signal(s, handler)
             tracker.close()
         best_run = self.best or {}
+        best_step = checkpoint.pointed_step(self.output_dir, "best")
         print(run_summary(
             self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=time.time() - started,
             objective_name=t.objective, final=(objective_step, objective),
             best=(best_run.get("step"), best_run.get("value")),
-            best_dir=checkpoint.read_pointer(checkpoint.checkpoints_dir(self.output_dir) / "best"),
-            last_dir=checkpoint.latest_checkpoint(self.output_dir), stopped_by=self._stop_requested,
+            best_dir=None if best_step is None else checkpoint.step_dir(self.output_dir, best_step),
+            last_dir=checkpoint.last_complete(self.output_dir), stopped_by=self._stop_requested,
         ), file=console_stream(), flush=True)
         return objective
 
@@ -208,24 +221,27 @@ class Trainer:
         return metrics, self.samples(batch)
 
     def guard_nonfinite(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
-        """Count updates with optimizer steps skipped for a non-finite gradient norm; stop after
-        trainer.max_skipped_steps such PPO steps in a row, before anything is saved."""
-        skipped = int(metrics.get(f"{role}/skipped_steps", 0))
+        """`count_nonfinite` of an update's skipped optimizer steps; returns its metrics."""
+        self.count_nonfinite(role, int(metrics.get(f"{role}/skipped_steps", 0)), "optimizer step(s) skipped: "
+                             "non-finite loss or gradient norm")
+        return metrics
+
+    def count_nonfinite(self, role: str, skipped: int, what: str) -> None:
+        """Count the PPO steps in a row in which `role` ("actor", "critic", "kl_ctrl") skipped work for a
+        non-finite value; stop after trainer.max_skipped_steps of them, before anything is saved."""
         if not skipped:
             self.nonfinite_streak[role] = 0
-            return metrics
-        self.nonfinite_streak[role] += 1
-        log.warning("%s: %d optimizer step(s) of step %d skipped: non-finite loss or gradient norm",
-                    role, skipped, self.step)
+            return
+        self.nonfinite_streak[role] = self.nonfinite_streak.get(role, 0) + 1
+        log.warning("%s: step %d: %s", role, self.step, what if role == "kl_ctrl" else f"{skipped} {what}")
         limit = self.cfg.trainer.max_skipped_steps
         if self.nonfinite_streak[role] >= limit:
-            latest = checkpoint.complete_steps(self.output_dir)
-            where = f"the last good checkpoint is global_step_{latest[-1]}" if latest else "no checkpoint was written"
+            latest = checkpoint.last_complete(self.output_dir)
+            where = f"the last good checkpoint is {latest.name}" if latest else "no checkpoint was written"
             raise NonFiniteError(
                 f"{role}: non-finite updates in {limit} PPO steps in a row (trainer.max_skipped_steps={limit}); "
                 f"stopped, {where}. Lower the learning rate or check the rewards and the data"
             )
-        return metrics
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
         """The batch with advantages and returns (`core.advantages.compute`); steps the KL controller."""
@@ -233,9 +249,13 @@ class Trainer:
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
                                  batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
                                  critic_warmup=self.cfg.algorithm.critic_warmup)
-        self.kl_ctrl.update(out.sequence_kl, len(batch))
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
+        if isinstance(self.kl_ctrl, AdaptiveKL):  # a non-finite KL is ignored, counted like a skipped update
+            skipped = 0 if self.kl_ctrl.update(out.sequence_kl, len(batch)) else 1
+            metrics["kl_ctrl/skipped_updates"] = float(skipped)
+            self.count_nonfinite("kl_ctrl", skipped, f"the KL ({out.sequence_kl}) is not finite; the adaptive "
+                                 f"controller ignored it (coefficient stays {self.kl_ctrl.value:g})")
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
     def sync_rollout_weights(self) -> None:
@@ -272,24 +292,30 @@ class Trainer:
         return {"val/accuracy": result["accuracy"], "val/score/mean": result["mean_score"]}
 
     def save(self, best: bool = False) -> Path:
-        """Write checkpoints/global_step_N atomically (`checkpoint.commit`)."""
+        """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained with."""
         staging = checkpoint.begin(self.output_dir, self.step)
         self.actor.run_all("save", str(staging))
         self.critic.run_all("save", str(staging))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best}
+                 "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
+                 "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data}
         workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
-        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers})
-        folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last, best=best)
+        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers},
+                                      run_folder.resolved_config(self.cfg))
+        folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last,
+                                   parts={"actor": len(self.actor), "critic": len(self.critic)}, best=best)
         log.info("saved %s", folder)
         return folder
 
-    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any]) -> None:
-        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state)."""
+    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any], restore_kl: bool = True) -> None:
+        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state). The
+        engines keep the config's optimizer values; `restore_kl=False` (gae.kl_coef or kl_ctrl changed):
+        the KL controller starts from the config's coefficient."""
         self.actor.run_all("load", str(folder))
         self.critic.run_all("load", str(folder))
         self.loader.load_state_dict(state["loader"])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if restore_kl:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
         for role, group in self.groups.items():  # after the loads: building and loading draw numbers too
             saved = rng.get("workers", {}).get(role)
@@ -315,24 +341,18 @@ class NonFiniteError(RuntimeError):
     """Too many updates in a row had a non-finite loss or gradient norm."""
 
 
-def check_output_dir(output_dir: Path, cfg: DictConfig) -> None:
-    """Refuse to mix runs: an output folder holding another model's run is a config error."""
-    saved = output_dir / "config.yaml"
-    if not saved.exists() or cfg.trainer.resume == "never" and not (output_dir / "checkpoints").exists():
-        return
-    previous = OmegaConf.load(saved)
-    old_model = OmegaConf.select(previous, "model.path")
-    if old_model != cfg.model.path:
-        raise ConfigError(
-            f"trainer.output_dir={output_dir} holds a run of model.path={old_model}, not {cfg.model.path}; "
-            "choose another trainer.output_dir (or trainer.experiment_name)"
-        )
+def resolved_dtypes(cfg: DictConfig) -> dict[str, str]:
+    """The compute dtype each trained role resolves to on this machine (`dtype=auto` follows the device)."""
+    device_type = detect(cfg.devices.accelerator).torch_device_type
+    return {"actor": resolve_dtype(cfg.model.dtype, device_type), "critic": resolve_dtype(cfg.critic.dtype, device_type)}
 
 
 def run_training(cfg: DictConfig) -> Optional[float]:
-    """Build, fit, and release the workers; returns the objective for Hydra sweepers."""
-    trainer = Trainer.from_config(cfg)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
+    """Hold the output folder (`run_folder.exclusive`), build, fit, and release the workers; returns
+    the objective for Hydra sweepers."""
+    with run_folder.exclusive(run_folder.absolute_output_dir(cfg)):
+        trainer = Trainer.from_config(cfg)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()

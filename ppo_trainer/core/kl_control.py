@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -11,8 +12,10 @@ class FixedKL:
     def __init__(self, coef: float) -> None:
         self.value = float(coef)
 
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """Adjust the coefficient after a step that observed mean KL ``current_kl`` over ``n_steps`` samples."""
+    def update(self, current_kl: float, n_steps: int) -> bool:
+        """Adjust the coefficient after a step that observed mean KL ``current_kl`` over ``n_steps``
+        samples; False when a controller ignored a non-finite ``current_kl`` (nothing changed)."""
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         return {"value": self.value}
@@ -32,6 +35,9 @@ class AdaptiveKL(FixedKL):
         self.target = float(target)
         self.horizon = float(horizon)
 
-    def update(self, current_kl: float, n_steps: int) -> None:
+    def update(self, current_kl: float, n_steps: int) -> bool:
+        if not math.isfinite(current_kl):  # one NaN would make the coefficient NaN for good
+            return False
         proportional_error = min(max(float(current_kl) / self.target - 1, -0.2), 0.2)
         self.value *= 1 + proportional_error * n_steps / self.horizon
+        return True

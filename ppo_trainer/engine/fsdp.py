@@ -20,7 +20,7 @@ from ppo_trainer.batch import Batch
 from ppo_trainer.config import OptimConfig
 from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
 from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
-from ppo_trainer.engine.optim import build_optimizer, build_scheduler
+from ppo_trainer.engine.optim import apply_hyperparameters, build_optimizer, build_scheduler
 from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
 ENGINE_STATE = "engine_state.json"
@@ -239,7 +239,8 @@ class FSDPEngine:
         barrier()
 
     def load_state(self, folder: str | Path) -> None:
-        """Restore what `save_state` wrote (same model, world size may differ)."""
+        """Restore what `save_state` wrote (same model, world size may differ), then the config's
+        optimizer values (`apply_hyperparameters`): a resume applies a changed lr, betas, eps or weight decay."""
         folder = Path(folder)
         if not (folder / ENGINE_STATE).is_file():
             raise FileNotFoundError(f"no engine state in '{folder}' (expected {ENGINE_STATE} and DCP shards)")
@@ -254,4 +255,5 @@ class FSDPEngine:
         else:
             set_model_state_dict(self.module, state["model"], options=options)
         self.scheduler.load_state_dict(info["scheduler"])
+        apply_hyperparameters(self.optimizer, self.scheduler, self.optim_cfg)
         self.updates = int(info["updates"])

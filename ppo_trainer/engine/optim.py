@@ -16,17 +16,20 @@ def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters (all requires_grad=False)")
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
+    groups = [{"params": [p for p in params if p.ndim >= 2]}, {"params": [p for p in params if p.ndim < 2]}]
+    groups = [{**g, "weight_decay": group_weight_decay(g, cfg)} for g in groups if g["params"]]
     return torch.optim.AdamW(
-        [g for g in groups if g["params"]],
+        groups,
         lr=cfg.lr,
         betas=(float(cfg.betas[0]), float(cfg.betas[1])),
         eps=cfg.eps,
         fused=True if device.type in ("cpu", "cuda") else None,
     )
+
+
+def group_weight_decay(group: dict, cfg: OptimConfig) -> float:
+    """`cfg.weight_decay` for a parameter group of matrices, 0 for biases and norms."""
+    return cfg.weight_decay if all(p.ndim >= 2 for p in group["params"]) else 0.0
 
 
 def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int | None, min_lr_ratio: float) -> float:
@@ -52,3 +55,15 @@ def build_scheduler(
         optimizer,
         lambda step: lr_factor(step, cfg.warmup_steps, cfg.schedule, total_steps, cfg.min_lr_ratio),
     )
+
+
+def apply_hyperparameters(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                          cfg: OptimConfig) -> None:
+    """Set `cfg`'s learning rate, betas, eps and weight decay on a restored optimizer and its schedule
+    (a loaded state brings the saved ones): a resume trains with the config's values, at the
+    schedule's restored step. The schedule's shape is `cfg`'s already (`build_scheduler`)."""
+    scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+    factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+    for group in optimizer.param_groups:
+        group.update(initial_lr=cfg.lr, lr=cfg.lr * factor, betas=(float(cfg.betas[0]), float(cfg.betas[1])),
+                     eps=cfg.eps, weight_decay=group_weight_decay(group, cfg))

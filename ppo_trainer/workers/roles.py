@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from ppo_trainer.checkpoint import write_manifest
 from ppo_trainer.config import batch_arithmetic, optimizer_steps, uses_reference
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
@@ -83,11 +84,13 @@ class Worker:
         return getattr(target, method)(*args, **kwargs)
 
     def save(self, checkpoint: str) -> None:
-        """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state."""
+        """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state,
+        and this rank's manifest of what it wrote (`checkpoint.verify` reads it before the commit)."""
         root = Path(checkpoint)
-        merged = (root / "actor_merged",) if self.role == "actor" else ()
-        self.engine.save_hf(root / self.role, *merged)
+        merged = ["actor_merged"] if self.role == "actor" and self.engine.policy.is_lora else []
+        self.engine.save_hf(root / self.role, *(root / name for name in merged))
         self.engine.save_state(root / "state" / self.role)
+        write_manifest(root, self.role, self.engine.rank, [self.role, *merged, f"state/{self.role}"])
 
     def load(self, checkpoint: str) -> None:
         self.engine.load_state(Path(checkpoint) / "state" / self.role)

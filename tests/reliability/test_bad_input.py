@@ -41,6 +41,7 @@ GOOD_ROWS = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i 
 # (overrides, fragment of the message)
 STATIC_CASES = [
     (["gae.gama=0.9"], "gae.gama"),
+    (["trainer.resume_allow=[data.train_batchsize]"], "trainer.resume_allow"),
     (["+gae.gama=0.9"], "gae.gama"),
     (["+trainer.typo=1"], "trainer.typo"),
     (["sampler=nope"], "sampler=nope"),

@@ -57,7 +57,8 @@ def test_verbose_leaves_the_output_on_the_terminal_and_writes_no_engine_log(tmp_
 def test_second_ctrl_c_ends_with_one_line_naming_the_last_complete_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     (out / "checkpoints" / "global_step_4").mkdir(parents=True)
-    (out / "checkpoints" / "global_step_2").mkdir()
+    (out / "checkpoints" / "global_step_6").mkdir()  # a step of an abandoned run: latest names step 4
+    (out / "checkpoints" / "latest").write_text("global_step_4\n")
 
     def interrupted(_cfg):
         raise KeyboardInterrupt  # what the trainer's handler raises on the second SIGINT
@@ -68,7 +69,7 @@ def test_second_ctrl_c_ends_with_one_line_naming_the_last_complete_checkpoint(tm
         train_main(["+experiment=smoke", f"trainer.output_dir={out}"])
     assert exit_info.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"ppo-train: interrupted; the last complete checkpoint is {out}/checkpoints/global_step_4: "
+    assert err == ["ppo-train: interrupted; the last complete checkpoint is out/checkpoints/global_step_4: "
                    "rerun to continue"]
 
 

@@ -58,14 +58,16 @@ def test_checkpoints_follow_the_layout_and_rotation(uninterrupted):
     # val_every=2: the first validation (step 2) is the best so far (the tiny model scores 0 at
     # every step and only an improvement moves `best`), so step 2 is saved and kept as well
     assert (checkpoints / "best").read_text().strip() == "global_step_2"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "global_step_2", "global_step_3",
-                                                             "global_step_6", "latest"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "commit_order", "global_step_2",
+                                                             "global_step_3", "global_step_6", "latest"]
     step = checkpoints / "global_step_6"
     assert (step / "actor" / "config.json").is_file()
     assert not (step / "actor_merged").exists()  # only a LoRA actor gets a merged export
     assert (step / "critic" / "config.json").is_file()
     assert (step / "state" / "trainer.json").is_file()
     assert (step / "state" / "actor").is_dir() and (step / "state" / "critic").is_dir()
+    assert (step / "state" / "config.yaml").is_file()
+    assert sorted(p.name for p in (step / "manifest").iterdir()) == ["actor.0.json", "critic.0.json"]
 
 
 def test_resume_after_stop_gives_the_same_metrics_as_an_uninterrupted_run(uninterrupted, tmp_path):

@@ -1,0 +1,135 @@
+"""What a resume keeps, applies and refuses (README "Resume"). The run's config is compared with the
+one its checkpoint was trained with, key by key: a key on `REFUSED` would make the checkpoint
+continue a different run and stops the start (exit 2) unless `trainer.resume_allow` names it; every
+other change is printed and applied (the engines set the config's optimizer values on the restored
+optimizer, the KL controller restarts from a changed `gae.kl_coef`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from ppo_trainer.config import ConfigError
+from ppo_trainer.tracking import flatten
+
+log = logging.getLogger("ppo_trainer")
+
+# Keys (a key names its subtree too) whose change makes the checkpoint continue something else: another
+# model, another LoRA shape, other training prompts or another order of them, other batch sizes.
+REFUSED = (
+    "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules",
+    "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.prompt_key", "data.answer_key",
+    "data.shuffle", "data.train_batch_size",
+    "data.arithmetic.train_size", "data.arithmetic.max_operand", "data.arithmetic.two_step_fraction",
+    "data.arithmetic.seed", "data.digits.task", "data.digits.min_length", "data.digits.length",
+    "data.digits.train_size", "data.digits.seed",
+    "sampler.n", "trainer.seed",
+)
+NOT_COMPARED = ("trainer.output_dir", "trainer.resume", "trainer.resume_allow", "trainer.dry_run")
+KL_CONTROLLER_KEYS = ("gae.kl_coef", "gae.kl_ctrl")  # a change restarts the controller from gae.kl_coef
+_ABSENT = object()
+
+Change = tuple[str, Any, Any]  # (dotted key, value at the checkpoint, value now)
+
+
+def _covers(prefix: str, key: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
+def config_changes(saved: DictConfig, current: DictConfig) -> list[Change]:
+    """Every leaf key whose value differs between the two configs, sorted by key (dtypes as
+    configured: `auto` stays `auto`; `NOT_COMPARED` left out)."""
+    old = flatten(OmegaConf.to_container(saved, resolve=True))
+    new = flatten(OmegaConf.to_container(current, resolve=True))
+    keys = sorted(k for k in old.keys() | new.keys() if not any(_covers(p, k) for p in NOT_COMPARED))
+    return [(k, old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT)]
+
+
+def _show(value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def check_config(checkpoint: Path, saved: Optional[DictConfig], state: dict[str, Any], cfg: DictConfig) -> list[Change]:
+    """The changes since the checkpoint, each printed as `resume: changed since step N: KEY OLD -> NEW`.
+    ConfigError (one line, before any model loads) listing the refused ones not in trainer.resume_allow."""
+    step = int(state["step"])
+    if saved is None:  # written before checkpoints stored their config: the model is all that can be compared
+        log.warning("resume: %s does not store the config it was trained with (an older version wrote it); "
+                    "only model.path is compared", checkpoint)
+        saved = OmegaConf.create({"model": {"path": state.get("model_path", cfg.model.path)}})
+        changes = [c for c in config_changes(saved, cfg) if c[0] == "model.path"]
+    else:
+        changes = config_changes(saved, cfg)
+    allowed = list(cfg.trainer.resume_allow)
+    refused = [c for c in changes if any(_covers(r, c[0]) for r in REFUSED)
+               and not any(_covers(a, c[0]) for a in allowed)]
+    if refused:
+        listed = "; ".join(f"{key} {_show(old)} -> {_show(new)}" for key, old, new in refused)
+        keys = ",".join(key for key, _, _ in refused)
+        raise ConfigError(
+            f"resume from {checkpoint} refused: {listed} would continue a different run than the checkpoint's. "
+            f"Keep both with another trainer.output_dir, start over here with trainer.resume=never (the old run is "
+            f"moved aside), or accept the change knowingly with trainer.resume_allow=[{keys}]")
+    for key, old, new in changes:
+        log.info("resume: changed since step %d: %s %s -> %s", step, key, _show(old), _show(new))
+    return changes
+
+
+def check_unsaved_run(output_dir: Path, cfg: DictConfig) -> None:
+    """`trainer.resume=auto` over a folder whose run of another model saved no checkpoint: ConfigError
+    (starting here would overwrite that run's config.yaml and metrics)."""
+    saved = output_dir / "config.yaml"
+    old_model = OmegaConf.select(OmegaConf.load(saved), "model.path") if saved.is_file() else None
+    if old_model is not None and old_model != cfg.model.path:
+        raise ConfigError(f"trainer.output_dir={output_dir} holds a run of model.path={old_model}, not "
+                          f"{cfg.model.path}; choose another trainer.output_dir, or start over here with "
+                          "trainer.resume=never (the old run is moved aside)")
+
+
+def check_dtypes(state: dict[str, Any], resolved: dict[str, str]) -> None:
+    """Print a role whose compute dtype resolves differently here than when the checkpoint was saved
+    (`dtype=auto` on another CPU): not refused, the weights are float32 masters either way."""
+    for role, dtype in resolved.items():
+        before = state.get("dtypes", {}).get(role)
+        if before is not None and before != dtype:
+            log.info("resume: the %s computes in %s here, in %s when step %d was saved (dtype=auto on another "
+                     "device)", role, dtype, before, state["step"])
+
+
+def restores_kl_controller(changes: Sequence[Change]) -> bool:
+    """Whether the checkpoint's KL coefficient continues, or the controller restarts from gae.kl_coef."""
+    return not any(key in KL_CONTROLLER_KEYS for key, _, _ in changes)
+
+
+def data_fingerprint(records: Sequence[Any]) -> dict[str, Any]:
+    """{"records", "sha256"} of the training prompts (row index, question, ground truth), in load order."""
+    digest = hashlib.sha256()
+    for r in records:
+        digest.update(json.dumps([r.index, r.question, r.ground_truth], default=str).encode())
+    return {"records": len(records), "sha256": digest.hexdigest()}
+
+
+def check_train_data(state: dict[str, Any], fingerprint: dict[str, Any], changes: Sequence[Change],
+                     cfg: DictConfig) -> None:
+    """ConfigError when the training prompts differ from the checkpoint's (a changed filter such as
+    data.max_prompt_length, an edited file), unless trainer.resume_allow names a data key."""
+    before = state.get("train_data")
+    if before is None or before == fingerprint:
+        return
+    data_keys = [f"{key} {_show(old)} -> {_show(new)}" for key, old, new in changes if key.startswith("data.")]
+    if any(a.startswith("data") for a in cfg.trainer.resume_allow):
+        log.info("resume: the training prompts differ from step %d's (%d -> %d records; trainer.resume_allow)",
+                 state["step"], before["records"], fingerprint["records"])
+        return
+    cause = f" after {'; '.join(data_keys)}" if data_keys else " (the files' contents changed)"
+    raise ConfigError(
+        f"resume refused: the training prompts differ from those of step {state['step']} ({before['records']} -> "
+        f"{fingerprint['records']} records){cause}, so the saved data position means other prompts. Use another "
+        f"trainer.output_dir, trainer.resume=never, or accept it with trainer.resume_allow=[data]")
