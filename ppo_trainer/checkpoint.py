@@ -89,10 +89,11 @@ def begin(output_dir: Path, step: int) -> Path:
 
 
 def write_manifest(checkpoint: Path, role: str, rank: int, folders: list[str]) -> Path:
-    """manifest/<role>.<rank>.json: every file this rank of `role` sees under `folders` (relative to
-    the staged `checkpoint`) with its size, written after the role's collective save returned."""
-    files = {str(path.relative_to(checkpoint)): path.stat().st_size
-             for name in folders for path in sorted((checkpoint / name).rglob("*")) if path.is_file()}
+    """manifest/<role>.<rank>.json: every file this rank of `role` sees under those of `folders` that
+    exist (relative to the staged `checkpoint`), with its size, written after the role's collective
+    save returned."""
+    files = {str(path.relative_to(checkpoint)): path.stat().st_size for name in folders if (checkpoint / name).is_dir()
+             for path in sorted((checkpoint / name).rglob("*")) if path.is_file()}
     manifest = checkpoint / MANIFESTS / f"{role}.{rank}.json"
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps({"role": role, "rank": rank, "host": socket.gethostname(), "files": files},

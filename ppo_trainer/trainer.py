@@ -26,7 +26,7 @@ from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import evaluate_records, prompt_batch
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
-from ppo_trainer.tracking import Tracker, console_stream, run_summary
+from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
 from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
 
@@ -304,7 +304,7 @@ class Trainer:
                                       run_folder.resolved_config(self.cfg))
         folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last,
                                    parts={"actor": len(self.actor), "critic": len(self.critic)}, best=best)
-        log.info("saved %s", folder)
+        log.info("saved %s", shown_path(folder))
         return folder
 
     def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any], restore_kl: bool = True) -> None:
@@ -330,7 +330,7 @@ class Trainer:
         if self.best is not None and checkpoint.step_dir(self.output_dir, self.best["step"]).is_dir():
             checkpoint.write_pointer(self.output_dir, "best", self.best["step"])
         self.sync_rollout_weights()
-        log.info("resumed from %s (step %d)", folder, self.step)
+        log.info("resumed from %s (step %d)", shown_path(folder), self.step)
 
     def close(self) -> None:
         for group in (self.rollout, self.critic, self.actor):

@@ -87,7 +87,7 @@ class Worker:
         """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state,
         and this rank's manifest of what it wrote (`checkpoint.verify` reads it before the commit)."""
         root = Path(checkpoint)
-        merged = ["actor_merged"] if self.role == "actor" and self.engine.policy.is_lora else []
+        merged = ["actor_merged"] if self.role == "actor" else []
         self.engine.save_hf(root / self.role, *(root / name for name in merged))
         self.engine.save_state(root / "state" / self.role)
         write_manifest(root, self.role, self.engine.rank, [self.role, *merged, f"state/{self.role}"])

@@ -121,7 +121,7 @@ def test_experiment_with_a_checkpoint_is_a_config_error(tmp_path):
 
     (tmp_path / "config.yaml").write_text("model: {}\n")
     with pytest.raises(ConfigError, match=r"\+experiment"):
-        eval_config(None, ["+experiment=smoke"], tmp_path)
+        eval_config(None, ["+experiment=smoke"], tmp_path / "config.yaml")
 
 
 def test_scripted_sampler_sees_unpadded_prompts():
