@@ -292,18 +292,26 @@ class Trainer:
         return {"val/accuracy": result["accuracy"], "val/score/mean": result["mean_score"]}
 
     def save(self, best: bool = False) -> Path:
-        """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained with."""
-        staging = checkpoint.begin(self.output_dir, self.step)
-        self.actor.run_all("save", str(staging))
-        self.critic.run_all("save", str(staging))
-        state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
-                 "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data}
-        workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
-        checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state(), "workers": workers},
-                                      run_folder.resolved_config(self.cfg))
-        folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last,
-                                   parts={"actor": len(self.actor), "critic": len(self.critic)}, best=best)
+        """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
+        with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step."""
+        try:
+            staging = checkpoint.begin(self.output_dir, self.step)
+            self.actor.run_all("save", str(staging))
+            self.critic.run_all("save", str(staging))
+            state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+                     "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
+                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data}
+            workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
+            checkpoint.save_trainer_state(staging / "state", state,
+                                          {"torch": torch.get_rng_state(), "workers": workers},
+                                          run_folder.resolved_config(self.cfg))
+            folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last,
+                                       parts={"actor": len(self.actor), "critic": len(self.critic)}, best=best)
+        except OSError as e:
+            last = checkpoint.last_complete(self.output_dir)
+            where = f"the last complete checkpoint is {shown_path(last)}" if last else "no checkpoint is complete"
+            raise checkpoint.CheckpointSaveError(f"saving step {self.step} failed ({e}); {where}: free the disk or fix "
+                                                 "the folder, then rerun the same command") from e
         log.info("saved %s", shown_path(folder))
         return folder
 

@@ -173,3 +173,29 @@ def test_a_sweep_with_a_fixed_output_dir_trains_every_job_in_its_own_folder(tmp_
     report = subprocess.run([sys.executable, "-c", "from ppo_trainer.sweep_report import main; main()", str(out)],
                             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert report.returncode == 0 and "gae.lam" in report.stdout, report.stderr
+
+
+def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_the_rerun_gets_the_room_back(tmp_path, monkeypatch):
+    from ppo_trainer.checkpoint import CheckpointSaveError
+    from ppo_trainer.engine.fsdp import FSDPEngine
+
+    real_save = FSDPEngine.save_state
+
+    def save_state(engine, folder):
+        if "global_step_2" in str(folder):
+            (Path(folder) / "partial.distcp").parent.mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "partial.distcp").write_bytes(b"\0" * 4096)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(engine, folder)
+
+    monkeypatch.setattr(FSDPEngine, "save_state", save_state)
+    overrides = [*SMOKE, f"trainer.output_dir={tmp_path}", "trainer.total_steps=3", "trainer.save_every=1"]
+    with pytest.raises(CheckpointSaveError, match=r"saving step 2 failed .*No space left.*global_step_1: free the disk"):
+        run_training(compose(overrides))
+    checkpoints = tmp_path / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "global_step_1"
+    assert (checkpoints / ".incomplete_global_step_2" / "state" / "actor" / "partial.distcp").is_file()
+    monkeypatch.setattr(FSDPEngine, "save_state", real_save)
+    run_training(compose(overrides))
+    assert not list(checkpoints.glob(".incomplete_*")) and (checkpoints / "latest").read_text().strip() == "global_step_3"
+    assert sorted(metrics(tmp_path)) == [0, 1, 2, 3]
