@@ -74,7 +74,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
         _exit("ppo-train: input error", e, 2)
     except _loaded(_RUN_ERRORS) as e:
-        _exit("ppo-train: stopped", e, 1)
+        _exit("ppo-train: stopped", e, getattr(e, "exit_code", 1))
 
 
 def _exit(what: str, error: BaseException, code: int) -> NoReturn:
@@ -86,7 +86,8 @@ def _exit(what: str, error: BaseException, code: int) -> NoReturn:
 _INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
                  ("ppo_trainer.checkpoint", "CheckpointError"), ("ppo_trainer.run_folder", "OutputDirBusy"))
 _RUN_ERRORS = (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-               ("ppo_trainer.workers.ray_backend", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))
+               ("ppo_trainer.trainer", "StoppedBySignal"),
+               ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))
 
 
 def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:

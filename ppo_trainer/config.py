@@ -228,6 +228,7 @@ class TrainerConfig:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     log_samples: int = 4  # samples per step written to samples.jsonl
     max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
+    worker_timeout_s: float = 3600.0  # a worker call (a build, a phase, a save) running longer stops the run
     objective: str = "val/accuracy"  # metric returned to Hydra sweepers; checkpoints/best follows it
     objective_direction: str = "maximize"  # maximize | minimize: which objective value is best
     verbose: bool = False  # show the engines' output on the console (else it goes to <output_dir>/engine.log)
@@ -396,7 +397,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "data.arithmetic.val_size", "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size",
                  "devices.devices_per_node", "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps",
                  *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
-    _lower_bound(cfg, ">", 0, "model.optim.lr", "critic.lr", "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha",
+    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "model.optim.lr", "critic.lr", "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha",
                  "gae.kl_target", "gae.kl_horizon")
     _in_interval(cfg, "[0, 1]", "model.optim.min_lr_ratio", "gae.gamma", "gae.lam", "data.arithmetic.two_step_fraction")
     _in_interval(cfg, "(0, 1]", "sampler.top_p", "sampler.vllm.gpu_memory_utilization")

@@ -7,6 +7,7 @@ import logging
 import math
 import resource
 import signal
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Iterator, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer import checkpoint, resume, run_folder
+from ppo_trainer import checkpoint, resume, run_folder, watchdog
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import kl_in_reward, uses_reference
 from ppo_trainer.core import advantages
@@ -29,6 +30,7 @@ from ppo_trainer.rewards.loader import load_reward_fn, score_all
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
 from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
+from ppo_trainer.workers.roles import WorkerError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -71,7 +73,8 @@ class Trainer:
         self.step = 0
         self.nonfinite_streak = {"actor": 0, "critic": 0, "kl_ctrl": 0}  # PPO steps in a row with skipped updates
         self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
-        self._stop_requested: Optional[str] = None
+        self._stop_requested: Optional[str] = None  # the name of the signal that asked to stop
+        self._stop_deadline: Optional[threading.Timer] = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
@@ -140,7 +143,15 @@ class Trainer:
                     log.warning("%s received: saved step %d; rerun the same command to continue",
                                 self._stop_requested, self.step)
                     break
+        except WorkerError as e:
+            if self._stop_requested is None:
+                raise WorkerError(f"{e}; {self.last_checkpoint_line()}") from e
+            raise StoppedBySignal(  # a scheduler signals every process of the job, the workers too
+                f"{self._stop_requested} stopped the workers during step {self.step} ({e}); "
+                f"{self.last_checkpoint_line()}", signal.Signals[self._stop_requested]) from e
         finally:
+            if self._stop_deadline is not None:
+                self._stop_deadline.cancel()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             tracker.close()
@@ -166,11 +177,21 @@ class Trainer:
         return better
 
     def _request_stop(self, signum: int, _frame: Any) -> None:
+        """SIGINT, SIGTERM: finish the step and save; a second signal, or the step still running
+        trainer.worker_timeout_s later, stops at once (exit 130) with the last checkpoint intact."""
         if self._stop_requested is not None:
             raise KeyboardInterrupt  # a second signal: stop now, the last checkpoint stays intact
-        self._stop_requested = signal.Signals(signum).name
-        log.warning("%s: finishing step %d, then saving a checkpoint (send again to abort)", self._stop_requested,
-                    self.step)
+        name = self._stop_requested = signal.Signals(signum).name
+        timeout = self.cfg.trainer.worker_timeout_s
+        log.warning("%s: finishing step %d, then saving a checkpoint (send again to abort)", name, self.step)
+        self._stop_deadline = watchdog.start(
+            timeout, lambda: f"{name}: step {self.step} did not finish and save within trainer.worker_timeout_s="
+                             f"{timeout:g} s; {self.last_checkpoint_line()}", code=130, stacks=False)
+
+    def last_checkpoint_line(self) -> str:
+        last = checkpoint.last_complete(self.output_dir)
+        return (f"the last complete checkpoint is {shown_path(last)}: rerun the same command to continue" if last
+                else "no checkpoint was written yet: a rerun starts over")
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One PPO step; returns its metrics and a few samples for samples.jsonl."""
@@ -236,11 +257,9 @@ class Trainer:
         log.warning("%s: step %d: %s", role, self.step, what if role == "kl_ctrl" else f"{skipped} {what}")
         limit = self.cfg.trainer.max_skipped_steps
         if self.nonfinite_streak[role] >= limit:
-            latest = checkpoint.last_complete(self.output_dir)
-            where = f"the last good checkpoint is {latest.name}" if latest else "no checkpoint was written"
             raise NonFiniteError(
                 f"{role}: non-finite updates in {limit} PPO steps in a row (trainer.max_skipped_steps={limit}); "
-                f"stopped, {where}. Lower the learning rate or check the rewards and the data"
+                f"lower the learning rate or check the rewards and the data; {self.last_checkpoint_line()}"
             )
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
@@ -308,10 +327,8 @@ class Trainer:
             folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last,
                                        parts={"actor": len(self.actor), "critic": len(self.critic)}, best=best)
         except OSError as e:
-            last = checkpoint.last_complete(self.output_dir)
-            where = f"the last complete checkpoint is {shown_path(last)}" if last else "no checkpoint is complete"
-            raise checkpoint.CheckpointSaveError(f"saving step {self.step} failed ({e}); {where}: free the disk or fix "
-                                                 "the folder, then rerun the same command") from e
+            raise checkpoint.CheckpointSaveError(f"saving step {self.step} failed ({e}); free the disk or fix the "
+                                                 f"folder: {self.last_checkpoint_line()}") from e
         log.info("saved %s", shown_path(folder))
         return folder
 
@@ -347,6 +364,14 @@ class Trainer:
 
 class NonFiniteError(RuntimeError):
     """Too many updates in a row had a non-finite loss or gradient norm."""
+
+
+class StoppedBySignal(RuntimeError):
+    """A signal stopped the workers before the step could be saved; exit 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: signal.Signals):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 def resolved_dtypes(cfg: DictConfig) -> dict[str, str]:

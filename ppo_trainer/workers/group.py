@@ -7,20 +7,26 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
+from ppo_trainer import watchdog
 from ppo_trainer.batch import Batch
 from ppo_trainer.workers.devices import ROLES, DeviceKind, detect
 from ppo_trainer.workers.roles import Worker, replica_seed
 
 
 class LocalWorkers:
-    """One `Worker` in this process."""
+    """One `Worker` of `role` in this process; a call that outlives `timeout_s` ends the process
+    (`watchdog.deadline`: exit 1 with every thread's stack)."""
 
-    def __init__(self, worker: Optional[Worker]):
-        self.worker = worker
+    def __init__(self, worker: Optional[Worker], role: str, timeout_s: float):
+        self.worker, self.role, self.timeout_s = worker, role, timeout_s
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
         (args,) = args_per_replica
-        return [self.worker.call(method, *args, **kwargs)]
+        overdue = (lambda: f"the {self.role} worker's {method} did not return within trainer.worker_timeout_s="
+                   f"{self.timeout_s:g} s; stopped (the stack of every thread follows on stderr, in engine.log "
+                   "unless trainer.verbose)")
+        with watchdog.deadline(self.timeout_s, overdue):
+            return [self.worker.call(method, *args, **kwargs)]
 
     def __len__(self) -> int:
         return 1
@@ -87,4 +93,11 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
         return {role: WorkerGroup(workers) for role, workers in build_ray_groups(cfg, kind).items()}
-    return {role: WorkerGroup(LocalWorkers(Worker(role, cfg, kind.torch_device_type))) for role in ROLES}
+    timeout = cfg.trainer.worker_timeout_s
+    groups = {}
+    for role in ROLES:  # building counts as a call: loading a model can hang too (a stuck download)
+        with watchdog.deadline(timeout, lambda: f"building the {role} worker took longer than "
+                                                f"trainer.worker_timeout_s={timeout:g} s; stopped"):
+            worker = Worker(role, cfg, kind.torch_device_type)
+        groups[role] = WorkerGroup(LocalWorkers(worker, role, timeout))
+    return groups

@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ppo_trainer.workers.devices import (DISTRIBUTED_ROLES, ROLES, ClusterNode, DeviceKind, Placement, PlacementError,
                                          Pool, RolePlacement, assign_nodes, bundle_spec, detect, format_resources,
                                          plan_placement, ray_init_kwargs, worker_resources)
+from ppo_trainer.workers.roles import WorkerError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -30,10 +31,6 @@ FAILURE_GRACE_S = 3.0  # after a first failure, how long to wait for the failing
 # Errors a rank reports when a peer of its process group went away: never the root cause.
 PEER_ERROR_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                       "remote process exited", "socket closed")
-
-
-class WorkerError(RuntimeError):
-    """A worker of a group failed; the message names the role, the rank and its own error."""
 
 
 def bind_loopback() -> None:
@@ -179,6 +176,7 @@ class RayWorkers:
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
+        self.timeout_s = cfg.trainer.worker_timeout_s
         self.distributed = role in DISTRIBUTED_ROLES
         self.pool: Optional[PlacementPool] = pool.acquire()
         self.failure: Optional[str] = None
@@ -208,14 +206,24 @@ class RayWorkers:
                              for h, args in zip(self.hosts, args_per_replica)], method)
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """Results by rank; on a failure, WorkerError (`_fail`)."""
+        """Results by rank; on a failure, WorkerError (`_fail`); past trainer.worker_timeout_s, WorkerError
+        naming the first rank still busy, and the role's workers are killed (a stuck collective)."""
         if self.failure is not None:
             raise WorkerError(f"the {self.role} workers are down after an earlier failure: {self.failure}")
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
+        deadline = time.monotonic() + self.timeout_s
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                busy = sorted(rank_of[ref] for ref in pending)
+                self.failure = (f"{self.role} worker rank {busy[0]} of {len(self.hosts)} did not return from {what} "
+                                f"within trainer.worker_timeout_s={self.timeout_s:g} s"
+                                + (f" (ranks {', '.join(map(str, busy))} were still busy)" if len(busy) > 1 else ""))
+                self._kill()
+                raise WorkerError(f"{self.failure}; its workers were stopped. A slow machine or a large model may "
+                                  "need a larger trainer.worker_timeout_s")
             try:
                 results[rank_of[done[0]]] = ray.get(done[0])
             except Exception as error:  # noqa: BLE001  (any remote failure is reported the same way)

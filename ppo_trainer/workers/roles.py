@@ -57,6 +57,10 @@ def build_rollout(cfg: DictConfig, device: str) -> Sampler:
     )
 
 
+class WorkerError(RuntimeError):
+    """A worker of a group failed or hung; the message names the role, the rank and its own error."""
+
+
 BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout}
 
 

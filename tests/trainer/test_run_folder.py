@@ -190,7 +190,7 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_the_rerun_gets_
 
     monkeypatch.setattr(FSDPEngine, "save_state", save_state)
     overrides = [*SMOKE, f"trainer.output_dir={tmp_path}", "trainer.total_steps=3", "trainer.save_every=1"]
-    with pytest.raises(CheckpointSaveError, match=r"saving step 2 failed .*No space left.*global_step_1: free the disk"):
+    with pytest.raises(CheckpointSaveError, match=r"saving step 2 failed .*No space left.*free the disk.*global_step_1: rerun"):
         run_training(compose(overrides))
     checkpoints = tmp_path / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "global_step_1"

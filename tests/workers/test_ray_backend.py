@@ -177,7 +177,7 @@ def test_weights_pushed_through_ray_reach_the_rollout_engine(ray_groups, prompts
 
 
 def test_an_error_in_an_independent_replica_names_role_rank_and_error_and_keeps_the_group(ray_groups, prompts):
-    from ppo_trainer.workers.ray_backend import WorkerError
+    from ppo_trainer.workers.roles import WorkerError
 
     with pytest.raises(WorkerError, match=r"rollout worker rank 0 of 1 failed in no_such_method: AttributeError"):
         ray_groups["rollout"].run_all("no_such_method")
@@ -187,7 +187,7 @@ def test_an_error_in_an_independent_replica_names_role_rank_and_error_and_keeps_
 def test_a_failing_rank_is_reported_by_its_own_error_not_its_peers(ray_groups, batch):
     """Rank 1 rejects its rows at once; rank 0 is left waiting in FSDP's all-gather. The error is
     rank 1's, in seconds, and the stuck group is torn down."""
-    from ppo_trainer.workers.ray_backend import WorkerError
+    from ppo_trainer.workers.roles import WorkerError
 
     broken = batch.select([1, 2]).with_fields(response_mask=None)
     start = time.monotonic()
@@ -199,3 +199,23 @@ def test_a_failing_rank_is_reported_by_its_own_error_not_its_peers(ray_groups, b
     assert "response_mask" in message
     with pytest.raises(WorkerError, match="down after an earlier failure"):
         ray_groups["actor"].run_all("full_state_dict")
+
+
+def test_a_call_past_the_worker_timeout_fails_naming_the_role_rank_and_method(ray_groups):
+    """A rank stuck in a call (here a task that sleeps) cannot hang the run: past
+    trainer.worker_timeout_s the call fails, and later calls on the group fail at once."""
+    import ray
+
+    from ppo_trainer.workers.ray_backend import RayWorkers
+    from ppo_trainer.workers.roles import WorkerError
+
+    workers = RayWorkers.__new__(RayWorkers)  # its _gather over plain tasks: no real worker is harmed
+    workers.role, workers.timeout_s, workers.hosts, workers.failure, workers.distributed = "critic", 2.0, [], None, True
+    quick, stuck = ray.remote(lambda: 1), ray.remote(lambda: time.sleep(60))
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"critic worker rank 1 of 0 did not return from update within "
+                                          r"trainer.worker_timeout_s=2 s; its workers were stopped"):
+        workers._gather([quick.remote(), stuck.remote()], "update")
+    assert time.monotonic() - start < 20
+    with pytest.raises(WorkerError, match="down after an earlier failure"):
+        workers._gather([quick.remote()], "update")
