@@ -358,6 +358,14 @@ class Trainer:
         log.info("resumed from %s (step %d)", shown_path(folder), self.step)
 
     def close(self) -> None:
+        """Release the workers. After a stop by a signal a Ray cluster may be going down with the run
+        (a scheduler signals Ray's processes too, and asking a dead one to kill each worker blocks
+        until Ray gives up on it): Ray is disconnected at once instead."""
+        if self._stop_requested is not None and self.cfg.devices.backend == "ray":
+            from ppo_trainer.workers.ray_backend import disconnect
+
+            disconnect()
+            return
         for group in (self.rollout, self.critic, self.actor):
             group.shutdown()
 

@@ -51,6 +51,12 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator)))
 
 
+def disconnect() -> None:
+    """Leave Ray now: a Ray this process started stops with its workers; on a cluster the job's
+    workers end with the driver's job."""
+    ray.shutdown()
+
+
 def fit_on_cluster(placement: Placement, kind: DeviceKind, address: Optional[str]) -> dict[int, str]:
     """Plan node -> Ray node id, or PlacementError. A plan that would fit an idle cluster but not
     the resources free right now is retried for FIT_SETTLE_S."""
@@ -154,9 +160,12 @@ def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: Pla
 def _describe(error: BaseException) -> str:
     """One line for a worker's error: the remote exception, or how the process died."""
     if isinstance(error, RayTaskError):
-        if error.cause is not None:
-            return f"{type(error.cause).__name__}: {error.cause}"
-        return str(error).strip().splitlines()[-1]
+        if error.cause is None:
+            return str(error).strip().splitlines()[-1]
+        # a message that carries a traceback (torch's CheckpointException): its head and its last line
+        lines = [line.strip() for line in str(error.cause).splitlines() if line.strip()] or [""]
+        text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        return f"{type(error.cause).__name__}: {text}"
     if isinstance(error, RayActorError):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         return f"the worker process died ({type(error).__name__}: {lines[0] if lines else ''})"
