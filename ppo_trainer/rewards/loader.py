@@ -28,6 +28,10 @@ def load_reward_fn(cfg: RewardConfig) -> RewardFn:
     except ModuleNotFoundError as e:
         raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but module '{e.name}' cannot be imported; "
                           "install it or put it on PYTHONPATH") from None
+    except Exception as e:  # the module's own code failed (a syntax error, a file it reads at import...)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but importing module '{module_name}' failed: "
+                          f"{type(e).__name__}: {first}; fix the module") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but module '{module_name}' has no function '{fn_name}'")

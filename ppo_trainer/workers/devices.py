@@ -22,7 +22,8 @@ SHARED_POOL = "shared"
 
 
 class PlacementError(RuntimeError):
-    """The device request does not fit the cluster; the message names the config key and the numbers."""
+    """The cluster cannot take the run (too small, or not reachable); the message names the config key
+    and the numbers."""
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,12 @@ def start_ray(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> None:
     if ray.is_initialized():
         return
     if cfg.devices.ray.address:
-        ray.init(address=cfg.devices.ray.address)
+        try:
+            ray.init(address=cfg.devices.ray.address)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise PlacementError(f"devices.ray.address={cfg.devices.ray.address}: could not join the Ray cluster "
+                                 f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
+                                 "check the address and that this machine's Ray version is the cluster's") from None
         return
     bind_loopback()
     ray.init(**ray_init_kwargs(cfg, kind or detect(cfg.devices.accelerator)))

@@ -63,6 +63,8 @@ STATIC_CASES = [
     (["trainer.loggers=[console,foo]"], "trainer.loggers"),
     (["data.train_files=[x.jsonl]"], "data.train_files"),
     (["gae.kl_ctrl=adaptive", "gae.kl_coef=0"], "gae.kl_coef"),
+    (["trainer.objective=val/acc"], "trainer.objective"),
+    (["trainer.worker_timeout_s=0"], "trainer.worker_timeout_s"),
 ]
 
 
@@ -145,3 +147,27 @@ def test_latest_naming_a_missing_checkpoint(capsys, tmp_path):
 
 def test_resume_from_a_folder_that_is_not_a_checkpoint(capsys, tmp_path):
     assert "trainer.resume" in run_cli(capsys, f"trainer.resume={tmp_path}")
+
+
+def test_reward_module_that_fails_at_import(capsys, tmp_path, monkeypatch):
+    (tmp_path / "broken_reward.py").write_text("import json\nCONFIG = json.loads('{not json')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = run_cli(capsys, "reward.fn=broken_reward:score")
+    assert "reward.fn" in line and "importing module 'broken_reward' failed: JSONDecodeError" in line
+
+
+def test_a_logger_that_is_not_installed(capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    line = run_cli(capsys, "trainer.loggers=[console,wandb]")
+    assert "trainer.loggers has wandb" in line and "pip install wandb" in line
+
+
+def test_a_ray_address_where_nothing_answers(capsys):
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    line = run_cli(capsys, "devices.backend=ray", f"devices.ray.address=127.0.0.1:{port}")
+    assert f"devices.ray.address=127.0.0.1:{port}: no Ray cluster answers there" in line and "ray start" in line

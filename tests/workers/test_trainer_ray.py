@@ -52,3 +52,17 @@ def test_resume_on_ray_with_lora_dropout_continues_exactly_as_an_uninterrupted_r
     assert expected[3]["actor/grad_norm"] > 0 and expected[3]["actor/pg_clipfrac"] > 0  # the policy moves
     keys = {k for k in expected[3] if not k.startswith(("timing_s/", "perf/"))}
     assert {k: got[3][k] for k in keys} == {k: expected[3][k] for k in keys}
+
+
+def test_a_cluster_too_small_for_the_request_exits_2_with_one_line(ray_cluster, tmp_path, capsys, monkeypatch):
+    """The session cluster has 4 (fake) GPUs on 2 nodes; 8 rollout GPUs cannot be placed."""
+    from ppo_trainer.cli import train_main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["+experiment=smoke", "devices.backend=ray", "devices.accelerator=cuda", "devices.devices_per_node=8",
+                    f"devices.ray.address={ray_cluster}", "devices.rollout.num_devices=8",
+                    f"trainer.output_dir={tmp_path / 'run'}"])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo-train")]
+    assert len(err) == 1 and err[0].startswith("ppo-train: input error: devices.colocate=true (a shared pool of max(devices.*.num_devices)=8) GPUs do not fit")

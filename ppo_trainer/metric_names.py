@@ -1,0 +1,58 @@
+"""The metrics a run logs (metrics.jsonl and the trackers), as its config decides them: the names
+`trainer.objective` may take. tests/trainer/test_metric_names.py holds them to a smoke run's records."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+ALWAYS = (
+    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean", "critic/values/mean",
+    "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
+    "critic/skipped_steps", "actor/reward_kl_penalty", "actor/kl_coef", "actor/pg_loss", "actor/pg_clipfrac",
+    "actor/ppo_kl", "actor/grad_norm", "actor/lr", "actor/skipped_steps", "response_length/mean",
+    "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob", "timing_s/values",
+    "timing_s/adv", "timing_s/update_critic", "timing_s/update_actor", "timing_s/sync", "timing_s/step",
+    "perf/throughput", "perf/max_memory_allocated_gb", "val/accuracy", "val/score/mean",
+)
+# Names that depend on the data or the reward: validation per data_source, a reward's named extras.
+PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/.+/accuracy/(mean|pass)@\d+"),
+            re.compile(r"reward/[^/]+/mean"))
+
+
+def produced(cfg: Any, uses_reference: bool) -> set[str]:
+    """Every fixed metric name a run of `cfg` logs at some step (`uses_reference`: the config's
+    reference policy is built, `config.uses_reference`)."""
+    a = cfg.algorithm
+    names = set(ALWAYS)
+    if uses_reference:
+        names.add("timing_s/ref")
+    if a.recompute_old_logprobs:
+        names |= {"actor/entropy", "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "rollout_corr/kl_k3"}
+    if a.rollout_correction != "none":
+        cut = "truncated_frac" if a.rollout_correction == "tis" else "masked_frac"
+        names |= {f"rollout_corr/{k}" for k in ("weight_mean", "weight_max", "ess", cut)}
+    if a.entropy_coef > 0:
+        names.add("actor/update_entropy")
+    if a.use_kl_loss:
+        names.add("actor/kl_loss")
+    if a.critic_warmup:
+        names |= {"critic/warmup_vf_explained_var_before", "critic/warmup_vf_explained_var_after"}
+    if cfg.reward.on_error == "zero":
+        names.add("reward/errors")
+    if cfg.gae.kl_ctrl == "adaptive":
+        names.add("kl_ctrl/skipped_updates")
+    return names
+
+
+def objective_problem(cfg: Any, uses_reference: bool) -> Optional[str]:
+    """Why `trainer.objective` names no metric this run logs (checkpoints/best would never be
+    written, sweepers would get nothing), or None."""
+    objective = cfg.trainer.objective
+    names = produced(cfg, uses_reference)
+    if objective in names or any(p.fullmatch(objective) for p in PATTERNS):
+        return None
+    validation = sorted(n for n in names if n.startswith("val/"))
+    return (f"is {objective!r}, a metric this run never logs, so checkpoints/best would never be written; use "
+            f"{' or '.join(validation)}, val/<data_source>/accuracy, or another logged metric "
+            "(docs/metrics.md lists them)")
