@@ -13,8 +13,8 @@ from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_overrides, normalize_overrides,
-                                validate_static)
+from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_grid_sweep, check_overrides,
+                                normalize_overrides, validate_static)
 from ppo_trainer.run_folder import absolute_output_dir, exclusive
 from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels, shown_path
 
@@ -33,9 +33,19 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     global _task_started
     _task_started = True
     try:
-        cfg = validate_static(cfg)
         hydra_cfg = HydraConfig.get()
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        try:
+            cfg = validate_static(cfg)
+        except ConfigError as e:
+            if multirun and "optuna" in str(hydra_cfg.sweeper.get("_target_", "")):
+                # the search goes on (a grid sweep was checked before job 0). Not NaN: the Optuna
+                # sweeper plugin (1.2, Optuna 2.x) fails the whole search on a NaN trial value
+                worst = float("-inf") if hydra_cfg.sweeper.get("direction") == "maximize" else float("inf")
+                log.error("ppo-train: trial %s not run, its values are invalid (scored %s): %s", hydra_cfg.job.num,
+                          worst, e)
+                return worst
+            raise
         user_set_output = any(o.lstrip("+").startswith("trainer.output_dir=") for o in hydra_cfg.overrides.task)
         if multirun:  # each sweep job writes (and resumes) in its own folder: the job's, or <output_dir>/<job number>
             cfg.trainer.output_dir = (str(Path(cfg.trainer.output_dir) / str(hydra_cfg.job.num)) if user_set_output
@@ -120,6 +130,8 @@ def train_main(argv: Optional[list[str]] = None) -> None:
     if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
             check_overrides(overrides)
+            if any(f in ("--multirun", "-m") for f in flags):
+                check_grid_sweep(overrides)
         except ConfigError as e:
             _exit("ppo-train: config error", e, 2)
 

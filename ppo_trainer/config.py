@@ -576,18 +576,68 @@ def check_sweeper(name: str) -> None:
         raise ConfigError(f"hydra/sweeper={name} is not installed: {hint}")
 
 
+def sweep_file(name: str) -> tuple[Optional[str], dict[str, Any]]:
+    """configs/sweep/NAME.yaml: (the hydra/sweeper option its defaults pick, or None; its
+    hydra.sweeper.params)."""
+    sweep = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "sweep" / f"{name}.yaml"))
+    sweeper = next((str(option) for entry in sweep.get("defaults") or [] if isinstance(entry, dict)
+                    for group, option in entry.items() if group.split()[-1].strip("/") == "hydra/sweeper"), None)
+    return sweeper, ((sweep.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+
+
 def check_sweep_file(name: str) -> None:
     """configs/sweep/NAME.yaml: its sweeper is installed, its hydra.sweeper.params pass check_overrides."""
-    sweep = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "sweep" / f"{name}.yaml"))
-    for entry in sweep.get("defaults") or []:
-        for group, option in entry.items() if isinstance(entry, dict) else []:
-            if group.split()[-1].strip("/") == "hydra/sweeper":
-                check_sweeper(str(option))
-    params = ((sweep.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    sweeper, params = sweep_file(name)
+    if sweeper is not None:
+        check_sweeper(sweeper)
     try:
         check_overrides([f"{key}={value}" for key, value in params.items()])
     except ConfigError as e:
         raise ConfigError(f"configs/sweep/{name}.yaml, hydra.sweeper.params: {e}") from None
+
+
+MAX_CHECKED_JOBS = 256  # a larger grid has its first jobs checked up front, the rest as they start
+
+
+def check_grid_sweep(overrides: list[str]) -> None:
+    """Before a basic (grid) sweep starts, compose and validate each job's config (the first
+    MAX_CHECKED_JOBS): a value out of range stops the command with exit 2 instead of ending the sweep
+    at its job. Sweepers that pick values as they go (Optuna) are left alone: the CLI scores a
+    trial with a bad value NaN."""
+    from itertools import islice, product
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(overrides)
+    sweepers, params = set(), {}
+    for override in parsed:
+        if override.key_or_group == "hydra/sweeper":
+            sweepers.add(override.get_value_element_as_str())
+        elif override.key_or_group == "sweep":
+            sweeper, file_params = sweep_file(override.get_value_element_as_str())
+            sweepers.add(sweeper or "basic")
+            params.update(file_params)
+    if sweepers - {"basic"}:
+        return
+    axes, fixed, on_command_line = {}, [], set()
+    for override in parsed:
+        key = override.key_or_group
+        if key.startswith("hydra") or key == "sweep" or override.package is not None:
+            continue
+        on_command_line.add(key)
+        if override.is_sweep_override():
+            axes[key] = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+        else:
+            fixed.append(override.input_line)
+    for key, value in params.items():  # a key on the command line, swept or not, replaces the file's sweep
+        if key not in on_command_line:
+            axes[key] = [f"{key}={v}" for v in parser.parse_overrides([f"{key}={value}"])[0].sweep_string_iterator()]
+    for number, job in enumerate(islice(product(*axes.values()), MAX_CHECKED_JOBS) if axes else []):
+        try:
+            compose([*fixed, *job])
+        except ConfigError as e:
+            raise ConfigError(f"sweep job {number} ({' '.join(job)}): {e}") from None
 
 
 def compose(overrides: list[str]) -> DictConfig:

@@ -75,3 +75,22 @@ def test_grid_sweep_file_drives_the_multirun(tmp_path: Path):
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == [str(i) for i in range(6)]
     plans = [(tmp_path / "sweep" / str(i) / "plan.txt").read_text() for i in range(6)]
     assert sum("lam=1.0 kl_coef=0.0 " in plan for plan in plans) == 1
+
+
+def test_a_grid_sweep_value_out_of_range_stops_the_command_before_job_0(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.train_main(["--multirun", "+experiment=smoke", "gae.lam=0.9,2", "critic.lr=1e-3,1e-4"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "ppo-train: config error: sweep job 2 (gae.lam=2 critic.lr=0.001): 'gae.lam' must be in [0, 1], got 2.0"]
+    assert not (tmp_path / "multirun").exists(), "no job ran"
+
+
+def test_a_sweep_files_values_are_checked_with_the_command_lines_fixed_keys(monkeypatch):
+    """kl_and_lambda sweeps gae.lam over values all valid; a command-line key replaces the file's sweep."""
+    checked = []
+    monkeypatch.setattr(cli_config, "compose", lambda overrides: checked.append(sorted(overrides)))
+    cli_config.check_grid_sweep(["+experiment=smoke", "+sweep=kl_and_lambda", "gae.kl_coef=0.01"])
+    assert checked == [["+experiment=smoke", "gae.kl_coef=0.01", "gae.lam=0.95"],
+                       ["+experiment=smoke", "gae.kl_coef=0.01", "gae.lam=1.0"]]

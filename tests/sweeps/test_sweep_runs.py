@@ -106,3 +106,15 @@ def test_optuna_example_runs_three_trials_and_reports_them(tmp_path, capsys):
     finals = [float(r["val/accuracy final"]) for r in rows]
     assert finals == sorted(finals, reverse=True)
     assert best.best_value == finals[0]
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_with_invalid_values_scores_the_worst_and_the_search_goes_on(tmp_path):
+    """With sampler seed 0, interval(0.9, 1.1) draws gae.lam 1.0098, 1.0206, then 0.9848: two trials
+    out of range (scored -inf, not run), the third runs and is the best."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    result = multirun(*SHORT, "+sweep=optuna_smoke", "gae.lam=interval(0.9,1.1)", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("not run, its values are invalid (scored -inf): 'gae.lam' must be in [0, 1]") == 2
+    best = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
+    assert best.best_params["gae.lam"] < 1 and best.best_value > float("-inf")
