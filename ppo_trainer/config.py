@@ -392,14 +392,22 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         _require(logger in _LOGGERS, "trainer.loggers", f"has {logger!r}; allowed values: {', '.join(_LOGGERS)}")
     _lower_bound(cfg, ">=", 0, "model.optim.warmup_steps", "critic.warmup_steps", "gae.kl_coef",
                  "algorithm.entropy_coef", "algorithm.critic_warmup", "algorithm.kl_loss_coef", "trainer.val_every",
-                 "trainer.save_every", "trainer.log_samples")
+                 "trainer.save_every", "trainer.log_samples", "model.optim.weight_decay", "critic.weight_decay")
     _lower_bound(cfg, ">=", 1, "sampler.n", "sampler.max_new_tokens", "sampler.vllm.tensor_parallel_size",
-                 "model.logprob_chunk_tokens", "data.train_batch_size", "data.max_prompt_length",
-                 "data.arithmetic.val_size", "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size",
-                 "devices.devices_per_node", "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps",
+                 "sampler.generate_batch_size", "model.logprob_chunk_tokens", "data.train_batch_size",
+                 "data.max_prompt_length", "data.arithmetic.train_size", "data.arithmetic.val_size",
+                 "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size", "devices.devices_per_node",
+                 "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps", "eval.max_new_tokens",
                  *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
-    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "model.optim.lr", "critic.lr", "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha",
-                 "gae.kl_target", "gae.kl_horizon")
+    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "model.optim.lr", "model.optim.eps", "critic.lr",
+                 "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
+    _require(dev.ray.num_cpus is None or dev.ray.num_cpus >= 1, "devices.ray.num_cpus",
+             f"must be >= 1, or null for this machine's cores, got {dev.ray.num_cpus}")
+    _require(bool(re.fullmatch(r"[\w.-]+", t.experiment_name)), "trainer.experiment_name",
+             f"is {t.experiment_name!r}; it names folders (outputs/<name>): letters, digits, '.', '_' and '-' only")
+    _require(cfg.reward.format_score < cfg.reward.correct_score, "reward.format_score",
+             f"({cfg.reward.format_score}) must be below reward.correct_score ({cfg.reward.correct_score}): a "
+             "well-formed wrong answer would count as correct")
     _in_interval(cfg, "[0, 1]", "model.optim.min_lr_ratio", "gae.gamma", "gae.lam", "data.arithmetic.two_step_fraction")
     _in_interval(cfg, "(0, 1]", "sampler.top_p", "sampler.vllm.gpu_memory_utilization")
     _in_interval(cfg, "(0, 1)", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high")

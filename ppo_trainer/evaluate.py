@@ -179,7 +179,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
             for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
                 numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
                 output_file = default_file if len(targets) == 1 else numbered
-                tokenizer = load_tokenizer(model_dir)
+                tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
                 records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
                 logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
                 sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,

@@ -95,7 +95,7 @@ class Trainer:
             changes = resume.check_config(resume_from, checkpoint.saved_config(resume_from), state,
                                           run_folder.resolved_config(cfg))
             resume.check_dtypes(state, resolved_dtypes(cfg))
-        tokenizer = load_tokenizer(cfg.model.path)
+        tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
         if resume_from is not None:

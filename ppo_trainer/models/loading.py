@@ -114,12 +114,13 @@ def _locate(path: str, part: Optional[str]) -> tuple[str, str]:
     return "hub", path
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     """The tokenizer of `path` (any form `resolve_model_path` accepts): pad falls back to eos,
-    padding on the left (prompts end at one column, generation continues there)."""
+    padding on the left (prompts end at one column, generation continues there).
+    `trust_remote_code`: run the tokenizer code the model folder ships, as for its model."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)), trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelPathError(f"the tokenizer of '{path}' has neither a pad nor an eos token; add one to its tokenizer_config.json")

@@ -65,6 +65,14 @@ STATIC_CASES = [
     (["gae.kl_ctrl=adaptive", "gae.kl_coef=0"], "gae.kl_coef"),
     (["trainer.objective=val/acc"], "trainer.objective"),
     (["trainer.worker_timeout_s=0"], "trainer.worker_timeout_s"),
+    (["eval.max_new_tokens=0"], "eval.max_new_tokens"),
+    (["sampler.generate_batch_size=0"], "sampler.generate_batch_size"),
+    (["model.optim.weight_decay=-0.1"], "model.optim.weight_decay"),
+    (["model.optim.eps=0"], "model.optim.eps"),
+    (["data.arithmetic.train_size=0"], "data.arithmetic.train_size"),
+    (["devices.ray.num_cpus=0"], "devices.ray.num_cpus"),
+    (["trainer.experiment_name=a/b"], "trainer.experiment_name"),
+    (["reward.format_score=1.0"], "reward.format_score"),
 ]
 
 

@@ -25,8 +25,31 @@ def test_ray_started_by_us_binds_loopback_without_dashboard():
     cfg = compose(["devices.backend=ray"])
     kwargs = ray_init_kwargs(cfg, detect("cpu"))
     assert kwargs.get("include_dashboard") is False
-    assert kwargs.get("_node_ip_address", "127.0.0.1") == "127.0.0.1"
+    assert kwargs["_node_ip_address"] == "127.0.0.1"
 
 
 def test_dry_run_plan_prints_the_config():
     assert "# resolved config" in describe_plan(compose([]), [])
+
+
+def test_the_ray_floor_excludes_the_dashboard_rce_versions():
+    """ray < 2.52 executes code sent to its dashboard (CVE-2025-62593)."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    assert "ray>=2.52" in project["dependencies"]
+
+
+def test_the_tokenizer_runs_remote_code_only_when_the_model_does(monkeypatch, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from ppo_trainer.models.loading import load_tokenizer
+
+    seen = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        lambda path, **kwargs: seen.append(kwargs["trust_remote_code"]) or real(path, **kwargs))
+    load_tokenizer(tiny_model_dir)
+    load_tokenizer(tiny_model_dir, trust_remote_code=True)
+    assert seen == [False, True]
