@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import importlib
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ppo_trainer.config import ConfigError, RewardConfig
 from ppo_trainer.rewards import math as math_reward
 
-RewardFn = Callable[[str, str], float]
+RewardFn = Callable[[str, Any], float]  # (response, ground truth as in the data) -> score
 
 
 class RewardError(RuntimeError):
@@ -36,7 +36,7 @@ def load_reward_fn(cfg: RewardConfig) -> RewardFn:
     return fn
 
 
-def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str],
+def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[Any],
               on_error: str = "raise") -> tuple[list[float], int]:
     """Scores [B] and the number of failed calls (an exception or a non-finite result): on_error
     "raise" re-raises the first naming the row, "zero" scores it 0.0."""
