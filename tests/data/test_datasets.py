@@ -12,6 +12,7 @@ import pytest
 
 from ppo_trainer.config import ArithmeticConfig, DataConfig, DigitsConfig
 from ppo_trainer.data import DataError, PromptRecord, load_prompts
+from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.evaluate import prompt_batch
 from ppo_trainer.models.loading import load_tokenizer
 
@@ -349,3 +350,13 @@ def test_val_files_are_read_for_validation_whatever_data_source_says(tmp_path: P
     train_only = DataConfig(source="arithmetic", train_files=[str(path)])
     assert {r.data_source for r in load_prompts(train_only, tokenizer, "train")} == {"test"}
     assert {r.data_source for r in load_prompts(train_only, tokenizer, "val")} == {"arithmetic"}
+
+
+def test_the_plan_names_what_each_split_reads() -> None:
+    cfg = DataConfig(val_files=["test.parquet"])
+    assert (describe_split(cfg, "train"), describe_split(cfg, "val")) == ("the arithmetic generator",
+                                                                          "data.val_files test.parquet")
+    hub = DataConfig(source="openai/gsm8k", train_files=["a.jsonl", "b.parquet"])
+    assert describe_split(hub, "train") == "data.train_files a.jsonl, b.parquet"
+    assert describe_split(hub, "val") == "openai/gsm8k[test] from the hub"
+    assert describe_split(DataConfig(source="files", train_files=["a.jsonl"]), "val") == "data.val_files, which is empty"
