@@ -466,8 +466,6 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(a.rollout_correction_high >= 1, "algorithm.rollout_correction_high",
              f"must be >= 1 (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_high}")
 
-    if d.source == "files":
-        _require(len(d.train_files) > 0, "data.train_files", "is empty; data.source=files needs jsonl or parquet paths")
     _require(len(set(d.train_files)) == len(d.train_files), "data.train_files",
              "names a file twice; list each once and weight it with data.train_weights")
     _require(not d.train_weights or len(d.train_weights) == len(d.train_files), "data.train_weights",

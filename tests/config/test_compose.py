@@ -70,6 +70,12 @@ def test_single_file_path_is_accepted_for_list_keys():
     assert list(cfg.data.val_files) == ["test.jsonl"]
 
 
+def test_data_source_files_needs_files_only_for_the_split_that_is_loaded():
+    """ppo-eval reads only the validation split; training stops on the empty data.train_files when
+    it loads the data, before any model (tests/reliability/test_bad_input.py)."""
+    assert list(compose(["data.source=files", "data.val_files=test.jsonl"]).data.train_files) == []
+
+
 def test_files_for_one_split_leave_the_other_on_data_source():
     cfg = compose(["data.val_files=test.parquet"])
     assert cfg.data.source == "arithmetic" and list(cfg.data.val_files) == ["test.parquet"]
@@ -121,7 +127,6 @@ BAD_CONFIGS = [
     ("+critic.lora.rank=8", "critic.lora"),
     ("devices.actor.num_devices=2", "devices.actor.num_devices"),
     ("sampler.vllm.gpu_memory_utilization=1.5", "sampler.vllm.gpu_memory_utilization"),
-    ("data.source=files", "data.train_files"),
     ("data.train_files=[a.jsonl,a.jsonl]", "data.train_files"),
     ("data.train_weights=[1]", "data.train_weights"),
     ("data.overlong_prompts=truncate", "data.overlong_prompts"),

@@ -79,6 +79,12 @@ def test_missing_model_path(capsys):
     assert "/no/such/model" in run_cli(capsys, "model.path=/no/such/model")
 
 
+def test_files_source_without_train_files(capsys, tmp_path):
+    rows = write_jsonl(tmp_path / "rows.jsonl", GOOD_ROWS)
+    line = run_cli(capsys, "data.source=files", f"data.val_files={rows}")
+    assert "data.train_files is empty; data.source=files needs jsonl or parquet files" in line
+
+
 def test_missing_data_file(capsys):
     line = run_cli(capsys, "data.source=files", "data.train_files=/no/such/train.jsonl")
     assert "data.train_files" in line and "/no/such/train.jsonl" in line
