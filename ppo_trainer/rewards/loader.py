@@ -52,9 +52,11 @@ def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequ
         except Exception as e:
             if on_error != "zero":
                 shown = response if len(response) <= 300 else response[:300] + "..."
-                raise RewardError(f"reward function failed on row {row} (ground truth {truth!r}, response "
-                                  f"{shown!r}): {type(e).__name__}: {e}; fix it or set reward.on_error=zero to score "
-                                  "such rows 0") from e
+                # one line, also when the error quotes a multi-line ground truth (a GSM8K solution)
+                reason = f"{type(e).__name__}: {e}".replace("\n", "\\n")
+                raise RewardError(f"reward function failed on row {row} (ground truth {truth!r:.300}, response "
+                                  f"{shown!r}): {reason}; fix it or set reward.on_error=zero to score such rows "
+                                  "0") from e
             scores.append(0.0)
             errors += 1
     return scores, errors
