@@ -58,7 +58,8 @@ class Batch:
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
 
-    Non-tensor fields are per-row lists; fields not yet computed are None. Each [B, P+T] or [B, T]
+    Non-tensor fields are per-row lists (prompt_text: the prompt's display text; ground_truth,
+    data_source, extra_info: its record's, as in the data); fields not yet computed are None. Each [B, P+T] or [B, T]
     field names its column block in its metadata, which the reshaping methods follow.
     """
 
@@ -77,7 +78,9 @@ class Batch:
     truncated: Optional[torch.Tensor] = None
     prompt_text: Optional[list[str]] = None
     response_text: Optional[list[str]] = None
-    ground_truth: Optional[list[str]] = None
+    ground_truth: Optional[list[Any]] = None
+    data_source: Optional[list[str]] = None
+    extra_info: Optional[list[Any]] = None
     prompt_index: Optional[list[int]] = None
     meta: dict[str, Any] = field(default_factory=dict)  # batch-level facts, e.g. {"pad_token_id": 0}
 

@@ -180,18 +180,26 @@ class DataConfig:
     hub_config: Optional[str] = None  # e.g. "main" for openai/gsm8k
     train_split: str = "train"
     val_split: str = "test"
-    train_files: list[str] = field(default_factory=list)  # jsonl or parquet (source=files)
+    # jsonl or parquet; a split with files reads them, whatever `source` says
+    train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
-    prompt_key: str = "question"
-    answer_key: str = "answer"
+    train_weights: list[float] = field(default_factory=list)  # one per train file; []: by size
+    # None: verl's layout ("prompt", "reward_model.ground_truth") for a file whose first row has a
+    # reward_model, else "question", "answer". A dotted key is a path into nested objects.
+    prompt_key: Optional[str] = None
+    answer_key: Optional[str] = None
+    source_key: str = "data_source"  # a row's source; rows without it: the generator, dataset or file name
     train_batch_size: int = 8  # prompts per PPO step
-    max_prompt_length: int = 256  # tokens; longer prompts are filtered out with a count
+    max_prompt_length: int = 256  # tokens
+    overlong_prompts: str = "drop"  # drop (counted per source) | error: prompts over max_prompt_length
     bad_rows: str = "error"  # error | skip (with a count)
     shuffle: bool = True
+    # instruction and prompt_template shape string prompts; a message-list prompt is used as it is
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
     prompt_template: str = "{question} {instruction}"  # user message, then the chat template
     use_chat_template: bool = True
-    system_prompt: Optional[str] = None  # None: the chat template's default system prompt
+    system_prompt: Optional[str] = None  # None: the template's default; a system turn in the data wins
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     digits: DigitsConfig = field(default_factory=DigitsConfig)
 
@@ -207,10 +215,13 @@ class RewardConfig:
 
 @dataclass
 class EvalConfig:
-    limit: Optional[int] = None  # evaluate the first N rows only
+    limit: Optional[int] = None  # evaluate the first N rows of each data_source only
     max_new_tokens: int = 256
-    batch_size: int = 64
-    output_file: Optional[str] = None  # default: <output_dir>/eval.jsonl
+    batch_size: int = 64  # prompts per engine call (x n samples)
+    n: int = 1  # samples per prompt: accuracy is mean@n, with pass@n beside it
+    temperature: Optional[float] = None  # 0: greedy; None: greedy for n=1, else sampler.temperature
+    save_generations: bool = True  # validation in training writes <output_dir>/val_generations/step_N.jsonl
+    output_file: Optional[str] = None  # ppo-eval's responses; default: <output_dir>/eval.jsonl
 
 
 @dataclass
@@ -426,6 +437,14 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(a.dual_clip is None or a.dual_clip > 1, "algorithm.dual_clip", "must be > 1, or null to disable")
     _require(t.stop_after_steps is None or t.stop_after_steps >= 1, "trainer.stop_after_steps", "must be >= 1")
     _require(cfg.eval.limit is None or cfg.eval.limit >= 1, "eval.limit", "must be >= 1, or null for every row")
+    _lower_bound(cfg, ">=", 1, "eval.n", "eval.batch_size")
+    eval_t = cfg.eval.temperature
+    _require(eval_t is None or eval_t >= 0, "eval.temperature",
+             f"must be >= 0 (0: greedy), or null for greedy at eval.n=1 and sampler.temperature above, got {eval_t}")
+    _require(not (eval_t == 0 and cfg.eval.n > 1), "eval.n",
+             f"is {cfg.eval.n} with eval.temperature=0: greedy samples of a prompt are all the same; "
+             "set eval.temperature > 0 (or null for sampler.temperature), or eval.n=1")
+
     for key in t.resume_allow:
         try:
             check_key(key)
@@ -467,12 +486,21 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(a.rollout_correction_high >= 1, "algorithm.rollout_correction_high",
              f"must be >= 1 (an on-policy sequence, ratio 1, must be kept), got {a.rollout_correction_high}")
 
-    _require(not d.train_files or d.source == "files", "data.train_files",
-             f"is set but data.source={d.source!r} would ignore it; add data.source=files")
-    if d.source == "files":
-        _require(len(d.train_files) > 0, "data.train_files", "is empty; data.source=files needs jsonl or parquet paths")
+    _require(len(set(d.train_files)) == len(d.train_files), "data.train_files",
+             "names a file twice; list each once and weight it with data.train_weights")
+    _require(not d.train_weights or len(d.train_weights) == len(d.train_files), "data.train_weights",
+             f"has {len(d.train_weights)} weights for {len(d.train_files)} data.train_files; give one per file, "
+             "or none to weight the files by their size")
+    _require(all(w > 0 for w in d.train_weights), "data.train_weights",
+             f"must all be > 0 (a file weighted 0 is never read: remove it), got {list(d.train_weights)}")
+    _one_of(cfg, ("drop", "error"), "data.overlong_prompts")
+    _require(bool(d.source_key), "data.source_key", "must name the key of a row's source (verl's: data_source)")
+    for key in ("prompt_key", "answer_key"):
+        _require(d[key] is None or bool(d[key]), f"data.{key}", "must be a key, or null for the layout's default")
     _require(d.system_prompt is None or d.use_chat_template, "data.system_prompt",
              "is set but data.use_chat_template=false has no system turn; remove it or use the chat template")
+    _require(not d.chat_template_kwargs or d.use_chat_template, "data.chat_template_kwargs",
+             "is set but data.use_chat_template=false renders no template; remove it or use the chat template")
     _require(d.arithmetic.max_operand >= 2, "data.arithmetic.max_operand", "must be >= 2")
     if d.source == "digits":
         _one_of(cfg, ("reverse", "sum"), "data.digits.task")
@@ -515,11 +543,14 @@ def config_groups() -> list[str]:
 
 
 _FILE_LIST_KEY = re.compile(r"^(\+*data\.(?:train|val)_files)=([^\[].*)$")  # a single path, not [...]
+_OPEN_DICT_KEY = re.compile(r"^\+*(data\.chat_template_kwargs(?:\.[^=]+)?=)")  # its keys are the template's
 
 
 def normalize_overrides(overrides: list[str]) -> list[str]:
-    """Accept a single path for the list-typed file keys: `data.val_files=test.jsonl` -> `[test.jsonl]`."""
-    return [_FILE_LIST_KEY.sub(r"\1=[\2]", override) for override in overrides]
+    """Accept a single path for the list-typed file keys: `data.val_files=test.jsonl` -> `[test.jsonl]`;
+    let `data.chat_template_kwargs={k: v}` and `data.chat_template_kwargs.k=v` add keys (`++`), which
+    Hydra's struct mode would refuse without a `+`."""
+    return [_OPEN_DICT_KEY.sub(r"++\1", _FILE_LIST_KEY.sub(r"\1=[\2]", override)) for override in overrides]
 
 
 def check_overrides(overrides: list[str]) -> None:

@@ -1,5 +1,7 @@
 """`ppo-eval`, and `evaluate_records`: the one evaluation function, which the trainer's validation
-calls too. A response is correct when it scores at least `reward.correct_score`."""
+calls too. A response is correct when it scores at least `reward.correct_score`; with eval.n
+samples per prompt the accuracy is mean@n (correct responses over responses) and pass@n the share
+of prompts with at least one correct response, pooled and per data_source."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import logging
 import math
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -33,35 +36,99 @@ logger = logging.getLogger("ppo_trainer")
 
 def prompt_batch(records: Sequence[PromptRecord], pad_id: int) -> Batch:
     return prompts_to_batch([r.prompt_ids for r in records], pad_id, prompt_text=[r.question for r in records],
-                            ground_truth=[r.ground_truth for r in records], prompt_index=[r.index for r in records])
+                            ground_truth=[r.ground_truth for r in records],
+                            data_source=[r.data_source for r in records], extra_info=[r.extra_info for r in records],
+                            prompt_index=[r.index for r in records])
 
 
-def evaluate_records(generate: Callable[[Batch], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
-                     pad_id: int, limit: Optional[int] = None, batch_size: int = 64, correct_score: float = 1.0,
-                     on_error: str = "raise", extract: Callable[[str], Optional[str]] = extract_strict,
+def first_per_source(records: Sequence[PromptRecord], limit: Optional[int]) -> list[PromptRecord]:
+    """The first `limit` records of each data_source (all of them when None), in their order."""
+    taken: Counter[str] = Counter()
+    kept = []
+    for record in records:
+        if limit is None or taken[record.data_source] < limit:
+            taken[record.data_source] += 1
+            kept.append(record)
+    return kept
+
+
+def eval_temperature(temperature: Optional[float], n: int, sampler_temperature: float) -> Optional[float]:
+    """The temperature validation samples at, None for greedy: eval.temperature (0: greedy); when
+    it is null, greedy for eval.n=1 and sampler.temperature for more samples."""
+    if temperature is None:
+        return None if n == 1 else sampler_temperature
+    return None if temperature == 0 else temperature
+
+
+def validation_seed(seed: int, step: int) -> int:
+    """The sampling seed of the validation after `step`: fixed by (trainer.seed, step), so a
+    resumed run and ppo-eval of that step's checkpoint draw the same samples; not the seed of the
+    step's training samples (`trainer.step_seed`)."""
+    return (seed * 1_000_003 + step * 7_919 + 104_729) % (2**31 - 1)
+
+
+def evaluate_records(generate: Callable[[Batch, int], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
+                     pad_id: int, n: int = 1, seed: int = 0, limit: Optional[int] = None, batch_size: int = 64,
+                     correct_score: float = 1.0, on_error: str = "raise",
+                     extract: Callable[[str], Optional[str]] = extract_strict,
                      output_file: Optional[str | Path] = None) -> dict[str, Any]:
-    """Greedy responses (`generate`: one per prompt) to the first `limit` records, scored with
-    `reward_fn`; the rows go to `output_file` as jsonl if given. Returns accuracy, num_correct,
-    mean_score, truncated_fraction, num_examples, output_file."""
-    records = list(records)[:limit]
+    """`n` responses to each of the first `limit` records of each data_source, `batch_size` prompts
+    per `generate(prompts, seed)` call (n rows per prompt, sample j of prompt i at row i*n+j; call k
+    gets `seed + k`), scored with `reward_fn`. One row per response goes to `output_file` as jsonl
+    if given. Returns `summarize` of every response, "sources": `summarize` of each data_source's
+    (in order of appearance), "n" and "output_file"."""
+    records = first_per_source(records, limit)
     rows: list[dict[str, Any]] = []
-    for start in range(0, len(records), batch_size):
+    for call, start in enumerate(range(0, len(records), batch_size)):
         chunk = records[start : start + batch_size]
-        out = generate(prompt_batch(chunk, pad_id))
+        out = generate(prompt_batch(chunk, pad_id), (seed + call) % (2**31 - 1))
+        if len(out) != len(chunk) * n:
+            raise ValueError(f"evaluate_records: {len(out)} responses for {len(chunk)} prompts x n={n}")
         scores, _ = score_all(reward_fn, out.response_text, out.ground_truth, on_error)
-        for record, response, score, truncated in zip(chunk, out.response_text, scores, out.truncated.tolist()):
-            rows.append({"index": record.index, "question": record.question, "response": response,
-                         "extracted": extract(response), "ground_truth": record.ground_truth, "score": score,
-                         "correct": score >= correct_score, "truncated": truncated})
-        logger.info("eval: %d/%d prompts, accuracy so far %.3f", len(rows), len(records),
+        for row, (response, score, truncated) in enumerate(zip(out.response_text, scores, out.truncated.tolist())):
+            record = chunk[row // n]
+            rows.append({"data_source": record.data_source, "index": record.index, "sample": row % n,
+                         "question": record.question, "prompt": record.prompt, "response": response,
+                         "extracted": extract(response), "ground_truth": record.ground_truth,
+                         "extra_info": record.extra_info, "score": score, "correct": score >= correct_score,
+                         "truncated": truncated})
+        logger.info("eval: %d/%d prompts, accuracy so far %.3f", start + len(chunk), len(records),
                     sum(r["correct"] for r in rows) / len(rows))
     if output_file is not None:
         Path(output_file).parent.mkdir(parents=True, exist_ok=True)
         Path(output_file).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    n, correct = len(rows), sum(r["correct"] for r in rows)
-    return {"accuracy": correct / n, "num_correct": correct, "mean_score": sum(r["score"] for r in rows) / n,
-            "truncated_fraction": sum(r["truncated"] for r in rows) / n, "num_examples": n,
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_source.setdefault(row["data_source"], []).append(row)
+    return {**summarize(rows, n), "sources": {name: summarize(part, n) for name, part in by_source.items()}, "n": n,
             "output_file": None if output_file is None else str(output_file)}
+
+
+def summarize(rows: Sequence[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Figures of evaluation rows whose prompts' `n` responses are adjacent: accuracy (correct over
+    responses: mean@n), num_correct, mean_score, truncated_fraction, num_examples (prompts),
+    num_responses, pass_at_n (prompts with a correct response over prompts)."""
+    count, prompts = len(rows), len(rows) // n
+    correct = sum(r["correct"] for r in rows)
+    passed = sum(any(r["correct"] for r in rows[i : i + n]) for i in range(0, count, n))
+    return {"accuracy": correct / count, "num_correct": correct, "mean_score": sum(r["score"] for r in rows) / count,
+            "truncated_fraction": sum(r["truncated"] for r in rows) / count, "num_examples": prompts,
+            "num_responses": count, "pass_at_n": passed / prompts}
+
+
+def validation_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """An `evaluate_records` result as metrics: val/accuracy and val/score/mean over every response,
+    val/<data_source>/accuracy and val/<data_source>/score/mean (the name verbatim, slashes kept),
+    and for n > 1 .../accuracy/mean@n and .../accuracy/pass@n, pooled and per data_source."""
+    n = result["n"]
+    metrics: dict[str, float] = {}
+    for prefix, summary in [("val", result), *((f"val/{name}", part) for name, part in result["sources"].items())]:
+        metrics[f"{prefix}/accuracy"] = summary["accuracy"]
+        metrics[f"{prefix}/score/mean"] = summary["mean_score"]
+        if n > 1:
+            metrics[f"{prefix}/accuracy/mean@{n}"] = summary["accuracy"]
+            metrics[f"{prefix}/accuracy/pass@{n}"] = summary["pass_at_n"]
+    return metrics
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -157,7 +224,8 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     """`ppo-eval`: every `model.path` of `overrides` on the same problems. A run's checkpoint uses
     the run's config.yaml under the overrides and its sampler; any other model vLLM if installed,
-    else HF. Each result is `evaluate_records`' plus `model`, `step` and `seconds`."""
+    else HF. eval.n samples per prompt seeded as the run's validation of the checkpoint's step.
+    Each result is `evaluate_records`' plus `model`, `step`, `temperature` (None: greedy) and `seconds`."""
     paths, rest = model_paths(overrides)
     composed = compose(rest)
     paths = paths or [composed.model.path]  # the model of an experiment, or the default
@@ -172,6 +240,10 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                                           max_new_tokens=cfg.eval.max_new_tokens)
         default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
         reward_fn = load_reward_fn(cfg.reward)
+        n = cfg.eval.n
+        temperature = eval_temperature(cfg.eval.temperature, n, cfg.sampler.temperature)
+        sampling = {"greedy": True} if temperature is None else {"temperature": temperature}
+        decoding = "greedy decoding" if temperature is None else f"{n} samples per prompt at temperature {temperature}"
         results = []
         bound_cpu_kernel_caches()  # as a trainer's workers do: greedy batches shrink step by step (new shapes)
         # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
@@ -180,40 +252,53 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                 numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
                 output_file = default_file if len(targets) == 1 else numbered
                 tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
-                records = load_prompts(cfg.data, tokenizer, "val")[: cfg.eval.limit]
-                logger.info("eval: greedy decoding with %s", "vLLM" if name == "vllm" else "Hugging Face generate")
+                records = first_per_source(load_prompts(cfg.data, tokenizer, "val"), cfg.eval.limit)
+                logger.info("eval: %s with %s", decoding, "vLLM" if name == "vllm" else "Hugging Face generate")
                 sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
                                         max_prompt_length=max(len(r.prompt_ids) for r in records),
                                         trust_remote_code=cfg.model.trust_remote_code)
                 start = time.perf_counter()
                 try:
-                    result = evaluate_records(lambda batch: sampler.generate(batch, 1, seed=0, greedy=True), records,
-                                              reward_fn, pad_id=tokenizer.pad_token_id, batch_size=cfg.eval.batch_size,
-                                              correct_score=cfg.reward.correct_score, on_error=cfg.reward.on_error,
-                                              extract=EXTRACTORS[cfg.reward.mode], output_file=output_file)
+                    result = evaluate_records(lambda batch, seed: sampler.generate(batch, n, seed=seed, **sampling),
+                                              records, reward_fn, pad_id=tokenizer.pad_token_id, n=n,
+                                              seed=validation_seed(cfg.trainer.seed, step or 0),
+                                              batch_size=cfg.eval.batch_size, correct_score=cfg.reward.correct_score,
+                                              on_error=cfg.reward.on_error, extract=EXTRACTORS[cfg.reward.mode],
+                                              output_file=output_file)
                 finally:
                     del sampler
                     gc.collect()  # the next model's engine gets the memory
-                results.append({"model": path, "step": step, **result, "seconds": time.perf_counter() - start})
+                results.append({"model": path, "step": step, **result, "temperature": temperature,
+                                "seconds": time.perf_counter() - start})
     print(format_results(results, cfg.reward.mode))
     return results
 
 
 def format_results(results: list[dict[str, Any]], reward_mode: str) -> str:
-    """One line for one model; a table (one row per model) for several."""
+    """One line for one model, greedy, on one data_source; else a table with a row per model and
+    data_source (and "(all)", pooled, where there are several): accuracy with its Wilson 95%
+    interval when greedy, mean@n and pass@n with n samples per prompt."""
     def interval(r: dict[str, Any]) -> str:
         return "{:.3f}-{:.3f}".format(*wilson_interval(r["num_correct"], r["num_examples"]))
 
     def model(r: dict[str, Any]) -> str:
         return r["model"] if r["step"] is None else f"{r['model']} (step {r['step']})"
 
-    if len(results) == 1:
-        r = results[0]
-        return (f"ppo-eval: accuracy {r['accuracy']:.4f} (95% CI {interval(r)}) on {r['num_examples']} problems "
-                f"({model(r)}, reward.mode={reward_mode}); responses in {r['output_file']}")
-    header = ("model", "accuracy", "95% CI", "problems", "mean score", "responses")
-    rows = [(model(r), f"{r['accuracy']:.4f}", interval(r), str(r["num_examples"]), f"{r['mean_score']:.4f}",
-             r["output_file"]) for r in results]
+    first = results[0]
+    n, temperature = first["n"], first["temperature"]
+    if len(results) == 1 and n == 1 and len(first["sources"]) == 1:
+        return (f"ppo-eval: accuracy {first['accuracy']:.4f} (95% CI {interval(first)}) on {first['num_examples']} "
+                f"problems ({model(first)}, reward.mode={reward_mode}); responses in {first['output_file']}")
+    decoding = "greedy" if temperature is None else f"{n} samples per prompt at temperature {temperature}"
+    header = ("model", "data_source", "problems", *(("accuracy", "95% CI") if n == 1 else (f"mean@{n}", f"pass@{n}")),
+              "mean score", "responses")
+    rows = []
+    for r in results:
+        parts = [*r["sources"].items(), *([("(all)", r)] if len(r["sources"]) > 1 else [])]
+        rows += [(model(r), name, str(part["num_examples"]), f"{part['accuracy']:.4f}",
+                  interval(part) if n == 1 else f"{part['pass_at_n']:.4f}", f"{part['mean_score']:.4f}",
+                  r["output_file"]) for name, part in parts]
     widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-    return f"ppo-eval: {len(results)} models on the same problems (reward.mode={reward_mode})\n" + "\n".join(lines)
+    models = "1 model" if len(results) == 1 else f"{len(results)} models on the same problems"
+    return f"ppo-eval: {models}, {decoding} (reward.mode={reward_mode})\n" + "\n".join(lines)

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import batch_arithmetic, kl_in_reward, uses_reference
+from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.models.loading import model_path_problem
 from ppo_trainer.tracking import mask_secrets
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
@@ -31,6 +32,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
         f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
+        f"data:      train from {describe_split(cfg.data, 'train')}; val from {describe_split(cfg.data, 'val')}",
         *algorithm_lines(cfg),
         "", "# devices", *placement_lines(cfg),
         "", "# batch arithmetic (per PPO step)",

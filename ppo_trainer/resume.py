@@ -23,8 +23,8 @@ log = logging.getLogger("ppo_trainer")
 # model, another LoRA shape, other training prompts or another order of them, other batch sizes.
 REFUSED = (
     "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules",
-    "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.prompt_key", "data.answer_key",
-    "data.shuffle", "data.train_batch_size",
+    "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.train_weights",
+    "data.prompt_key", "data.answer_key", "data.source_key", "data.shuffle", "data.train_batch_size",
     "data.arithmetic.train_size", "data.arithmetic.max_operand", "data.arithmetic.two_step_fraction",
     "data.arithmetic.seed", "data.digits.task", "data.digits.min_length", "data.digits.length",
     "data.digits.train_size", "data.digits.seed",
@@ -109,10 +109,10 @@ def restores_kl_controller(changes: Sequence[Change]) -> bool:
 
 
 def data_fingerprint(records: Sequence[Any]) -> dict[str, Any]:
-    """{"records", "sha256"} of the training prompts (row index, question, ground truth), in load order."""
+    """{"records", "sha256"} of the training prompts (source, row index, question, ground truth), in load order."""
     digest = hashlib.sha256()
     for r in records:
-        digest.update(json.dumps([r.index, r.question, r.ground_truth], default=str).encode())
+        digest.update(json.dumps([r.data_source, r.index, r.question, r.ground_truth], default=str).encode())
     return {"records": len(records), "sha256": digest.hexdigest()}
 
 

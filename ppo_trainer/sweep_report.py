@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from ppo_trainer.tracking import as_number, flatten, metric_series, plot, read_jsonl
+from ppo_trainer.tracking import as_number, flatten, metric_series, plot, read_jsonl, source_accuracy_keys
 
 ACCURACY = "val/accuracy"
 # Final values shown for every run: (metric, column header, format).
@@ -118,9 +118,15 @@ class Report:
     def objective_metrics(self) -> list[str]:
         return [ACCURACY] if self.objective == ACCURACY else [self.objective, ACCURACY]
 
+    def source_metrics(self) -> list[str]:
+        """The val/<data_source>/accuracy keys of the runs, when they validated more than one source."""
+        keys = list(dict.fromkeys(k for run in self.runs for k in source_accuracy_keys(run.metrics).values()))
+        return keys if len(keys) > 1 else []
+
     def columns(self) -> list[str]:
         objective_columns = [f"{m} {which}" for m in self.objective_metrics() for which in ("final", "best")]
-        return ["job", *self.swept_keys(), *objective_columns, *(h for _, h, _ in FINAL_METRICS), "steps", "train s"]
+        return ["job", *self.swept_keys(), *objective_columns, *(f"{m} final" for m in self.source_metrics()),
+                *(h for _, h, _ in FINAL_METRICS), "steps", "train s"]
 
     def cells(self, run: Run) -> list[tuple[Any, str]]:
         """(raw value or None, table text) of each column for one run."""
@@ -130,6 +136,7 @@ class Report:
         for metric in self.objective_metrics():
             spec = "{:.3f}" if metric == ACCURACY else "{:.4g}"
             values += [(run.final(metric), spec), (run.best(metric, self.maximize), spec)]
+        values += [(run.final(metric), "{:.3f}") for metric in self.source_metrics()]
         values += [(run.final(metric), spec) for metric, _, spec in FINAL_METRICS]
         cells += [(v, "-" if v is None else spec.format(v)) for v, spec in values]
         seconds = run.train_seconds()

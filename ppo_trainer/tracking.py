@@ -25,6 +25,7 @@ CONSOLE_COLUMNS = [
     ("timing_s/step", "step_s", "{:.1f}"),
 ]
 PLOTTED = [key for key, _, _ in CONSOLE_COLUMNS if key != "timing_s/step"]
+_SOURCE_ACCURACY = re.compile(r"^val/(.+)/accuracy$")  # val/<data_source>/accuracy (the name may hold slashes)
 _SECRET = re.compile(r"(?i)(token|secret|password|api[_-]?key)")
 
 
@@ -154,6 +155,8 @@ class Tracker:
             columns = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in CONSOLE_COLUMNS
                        if metrics.get(key) is not None]
             self._progress.console.print("  ".join([f"step {step}/{self.total_steps}", *columns]), soft_wrap=True)
+            if (line := validation_line(metrics)) is not None:
+                self._progress.console.print(line, soft_wrap=True)
             self._progress.update(self._task, completed=step)
         for log, _ in self._sinks:
             log(step, metrics)
@@ -168,9 +171,32 @@ class Tracker:
         for _, close in self._sinks:
             close()
         records = read_jsonl(self.metrics_path)
-        if records:  # plots.png: the headline metrics against step
-            plot(self.output_dir / "plots.png", [(key, [(None, metric_series(records, key))]) for key in PLOTTED],
-                 cols=3, size=(4, 3))
+        if records:  # plots.png: the headline metrics against step, validation accuracy per data_source too
+            sources = source_accuracy_keys(records)
+            panels = [(key, [(None, metric_series(records, key))]) for key in PLOTTED]
+            if len(sources) > 1:
+                curves = [("all", metric_series(records, "val/accuracy")),
+                          *((name, metric_series(records, key)) for name, key in sources.items())]
+                panels[PLOTTED.index("val/accuracy")] = ("val/accuracy", curves)
+            plot(self.output_dir / "plots.png", panels, cols=3, size=(4, 3))
+
+
+def source_accuracy_keys(records: list[dict[str, Any]]) -> dict[str, str]:
+    """{data_source: its "val/<data_source>/accuracy" key} of the sources the records validated,
+    in order of first appearance."""
+    found = (_SOURCE_ACCURACY.match(key) for record in records for key in record)
+    return {match.group(1): match.group(0) for match in found if match}
+
+
+def validation_line(metrics: dict[str, float]) -> Optional[str]:
+    """The second console line of a step that validated several data_sources or sampled several
+    responses per prompt: each val/<data_source>/accuracy and every .../accuracy/pass@n; None else."""
+    shown = [key for key in metrics if key != "val/accuracy" and key.startswith("val/")
+             and (key.endswith("/accuracy") or "/accuracy/pass@" in key)]
+    per_source = [key for key in shown if key.endswith("/accuracy")]
+    if len(per_source) < 2 and len(shown) == len(per_source):
+        return None
+    return "  " + "  ".join(f"{key} {metrics[key]:.3f}" for key in shown)
 
 
 def wandb_run_id(output_dir: Path) -> str:

@@ -25,8 +25,9 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
-from ppo_trainer.evaluate import evaluate_records, prompt_batch
+from ppo_trainer.evaluate import eval_temperature, evaluate_records, prompt_batch, validation_metrics, validation_seed
 from ppo_trainer.rewards.loader import load_reward_fn, score_all
+from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
 from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
@@ -63,7 +64,7 @@ class Trainer:
         self.pad_id = pad_id
         self.val_records = val_records
         self.output_dir = Path(cfg.trainer.output_dir)
-        self.loader = PromptLoader(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        self.loader = prompt_loader(cfg, train_records)
         self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
         self.reward_fn = load_reward_fn(cfg.reward)
         g = cfg.gae
@@ -100,6 +101,11 @@ class Trainer:
         val_records = load_prompts(cfg.data, tokenizer, "val")
         if resume_from is not None:
             resume.check_train_data(state, resume.data_fingerprint(train_records), changes, cfg)
+            try:  # the saved position must fit the prompts (trainer.resume_allow may have let them change)
+                prompt_loader(cfg, train_records).load_state_dict(state["loader"])
+            except ValueError as e:
+                raise checkpoint.CheckpointError(f"{resume_from}: the saved data position does not fit the training "
+                                                 f"prompts ({e}); start over with trainer.resume=never") from None
         load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load
 
         run_folder.write_config(output_dir, cfg)
@@ -293,22 +299,30 @@ class Trainer:
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
         rows = range(min(self.cfg.trainer.log_samples, len(batch)))
-        return [{"prompt": batch.prompt_text[i], "response": batch.response_text[i],
-                 "ground_truth": batch.ground_truth[i], "score": batch.scores[i].item()} for i in rows]
+        return [{"data_source": batch.data_source[i], "prompt": batch.prompt_text[i],
+                 "response": batch.response_text[i], "ground_truth": batch.ground_truth[i],
+                 "extra_info": batch.extra_info[i], "score": batch.scores[i].item()} for i in rows]
 
     def validate(self) -> dict[str, float]:
-        """val/accuracy and val/score/mean of greedy responses (`evaluate_records`, as ppo-eval)."""
-        e = self.cfg.eval
+        """`validation_metrics` of eval.n responses per prompt, greedy or sampled with the seed of
+        (trainer.seed, step) (`evaluate_records`, as ppo-eval); the responses go to
+        val_generations/step_N.jsonl unless eval.save_generations=false."""
+        e, r = self.cfg.eval, self.cfg.reward
+        temperature = eval_temperature(e.temperature, e.n, self.cfg.sampler.temperature)
+        sampling = {"greedy": True} if temperature is None else {"temperature": temperature}
 
-        def greedy(prompts: Batch) -> Batch:
-            return self.rollout.run_split("generate", prompts, 1, 0, greedy=True, max_new_tokens=e.max_new_tokens)
+        def generate(prompts: Batch, seed: int) -> Batch:
+            return self.rollout.run_split("generate", prompts, e.n, seed=seed, max_new_tokens=e.max_new_tokens,
+                                          **sampling)
 
+        output_file = self.output_dir / "val_generations" / f"step_{self.step}.jsonl" if e.save_generations else None
         self.rollout.run_all("wake")
-        result = evaluate_records(greedy, self.val_records, self.reward_fn, pad_id=self.pad_id, limit=e.limit,
-                                  batch_size=e.batch_size, correct_score=self.cfg.reward.correct_score,
-                                  on_error=self.cfg.reward.on_error)
+        result = evaluate_records(generate, self.val_records, self.reward_fn, pad_id=self.pad_id, n=e.n,
+                                  seed=validation_seed(self.cfg.trainer.seed, self.step), limit=e.limit,
+                                  batch_size=e.batch_size, correct_score=r.correct_score, on_error=r.on_error,
+                                  extract=EXTRACTORS[r.mode], output_file=output_file)
         self.rollout.run_all("sleep")
-        return {"val/accuracy": result["accuracy"], "val/score/mean": result["mean_score"]}
+        return validation_metrics(result)
 
     def save(self, best: bool = False) -> Path:
         """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
@@ -380,6 +394,13 @@ class StoppedBySignal(RuntimeError):
     def __init__(self, message: str, signum: signal.Signals):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+
+
+def prompt_loader(cfg: DictConfig, train_records: list[PromptRecord]) -> PromptLoader:
+    """The run's training batches: `data.train_batch_size` prompts a step, files mixed by `data.train_weights`."""
+    d = cfg.data
+    return PromptLoader(train_records, d.train_batch_size, cfg.trainer.seed, d.shuffle,
+                        weights=list(d.train_weights) or None)
 
 
 def resolved_dtypes(cfg: DictConfig) -> dict[str, str]:

@@ -1,36 +1,52 @@
-"""Prompt datasets (a hub dataset, local jsonl/parquet files, or a built-in generator) rendered,
-tokenized and filtered into `PromptRecord`s; malformed rows are named by file and line."""
+"""Prompt datasets (a hub dataset, local jsonl/parquet files, or a built-in generator) parsed,
+rendered with the chat template, tokenized and filtered into `PromptRecord`s; malformed rows are
+named by file and line. The layouts and keys are described in docs/data.md."""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional, Union
 
 from ppo_trainer.config import DataConfig
 from ppo_trainer.data import arithmetic, digits
 from ppo_trainer.models.loading import hub_offline
-from ppo_trainer.rewards.math import ANSWER_MARKER
 
 logger = logging.getLogger("ppo_trainer")
 
 GENERATED = ("arithmetic", "digits")  # built-in generators: their rows have "question" and "answer"
-FILES_HINT = "data.source=files data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
+PLAIN_KEYS = ("question", "answer")  # (prompt key, answer key) of GSM8K's jsonl and the generators
+VERL_KEYS = ("prompt", "reward_model.ground_truth")  # verl's layout (its examples/data_preprocess)
+EXTRA_INFO_KEY = "extra_info"  # verl's per-row metadata, carried as it is
+FILES_HINT = "data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
+
+Messages = list[dict[str, str]]  # chat turns [{"role", "content"}]
 
 
 class DataError(ValueError):
     """The data cannot be loaded as configured; the one-line message names the key, file or row."""
 
 
+class MissingKey(ValueError):
+    """A row lacks a key (or a part of a dotted path)."""
+
+
 @dataclass(frozen=True)
 class PromptRecord:
-    index: int  # the row's position in its source split (0-based; malformed rows keep their number)
-    question: str
+    """One prompt as the trainer, the reward and the validation see it."""
+
+    index: int  # the row's position in its file (generator or hub split), 0-based; malformed rows keep their number
+    question: str  # display text: the string prompt, or the last user turn of a message prompt
     prompt: str  # the text the model continues (chat template applied, assistant turn opened)
     prompt_ids: tuple[int, ...]  # the token ids of `prompt`, length <= data.max_prompt_length
-    ground_truth: str  # the final answer, commas stripped
+    ground_truth: Any  # the answer exactly as in the data: any JSON value (the reward interprets it)
+    data_source: str  # the row's data.source_key, else the generator's, hub dataset's or file stem's name
+    extra_info: Any = None  # the row's "extra_info", None when absent
+    messages: Messages = field(default_factory=list)  # the chat turns rendered into `prompt`
+    origin: str = ""  # the file (generator, hub split) the row came from; PromptLoader mixes train origins
 
 
 @dataclass(frozen=True)
@@ -42,31 +58,109 @@ class RawRow:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class RowSource:
+    """The rows of one file, generator split or hub split."""
+
+    origin: str  # how messages name it: a path, "the arithmetic generator (train)", "openai/gsm8k[test]"
+    default_source: str  # the data_source of rows without data.source_key
+    rows: list[RawRow]
+    keys: Optional[tuple[str, str]] = None  # (prompt key, answer key); None: the config's (`layout_keys`)
+
+
+@dataclass(frozen=True)
+class ParsedRow:
+    prompt: Union[str, Messages]  # a non-empty string, or checked chat turns with a user turn
+    ground_truth: Any
+    data_source: str
+    extra_info: Any
+
+
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
-    """The prompts of `split` ("train" or "val"); DataError (one line) when they cannot be loaded."""
+    """The prompts of `split` ("train" or "val"), source after source (`read_split`); DataError
+    (one line) when they cannot be loaded."""
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")
-    source, rows = read_rows(cfg, split)
-    keys = ("question", "answer") if cfg.source in GENERATED else (cfg.prompt_key, cfg.answer_key)
-    examples, skipped = parse_rows(rows, keys, cfg.bad_rows)
+    return [record for source in read_split(cfg, split) for record in load_source(source, cfg, tokenizer, split)]
+
+
+def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
+    """The records of one source: rows parsed and rendered (malformed ones per data.bad_rows),
+    tokenized, prompts over data.max_prompt_length per data.overlong_prompts (counted per data_source)."""
+    keys = source.keys or layout_keys(source.rows, cfg.prompt_key, cfg.answer_key)
+    prepared: list[tuple[int, str, ParsedRow, Messages, str]] = []  # (index, where, row, turns, prompt text)
+    skipped: list[str] = []
+    for index, row in enumerate(source.rows):
+        try:
+            if row.error is not None:
+                raise ValueError(row.error)
+            parsed = parse_row(row.value, keys, cfg.source_key, source.default_source)
+            turns = chat_messages(parsed.prompt, cfg)
+            text = render_prompt(turns, tokenizer, cfg.use_chat_template, dict(cfg.chat_template_kwargs))
+        except DataError:
+            raise
+        except ValueError as e:
+            if cfg.bad_rows != "skip":
+                raise DataError(f"{row.where}: {e}; fix the row or set data.bad_rows=skip to skip malformed "
+                                "rows") from None
+            skipped.append(f"{row.where}: {e}")
+            continue
+        prepared.append((index, row.where, parsed, turns, text))
     if skipped:
         logger.warning("data: skipped %d malformed %s rows of %s (data.bad_rows=skip); the first: %s",
-                       len(skipped), split, source, skipped[0])
-    records, too_long = build_records(examples, cfg, tokenizer)
-    if too_long:
-        logger.info("data: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
-                    too_long, len(examples), split, cfg.max_prompt_length)
+                       len(skipped), split, source.origin, skipped[0])
+
+    texts = [text for *_, text in prepared]
+    ids = tokenizer(texts, add_special_tokens=not cfg.use_chat_template)["input_ids"] if texts else []
+    records: list[PromptRecord] = []
+    dropped: Counter[str] = Counter()
+    for (index, where, parsed, turns, text), prompt_ids in zip(prepared, ids):
+        if len(prompt_ids) > cfg.max_prompt_length:
+            if cfg.overlong_prompts == "error":
+                raise DataError(f"{where}: the prompt is {len(prompt_ids)} tokens, longer than data.max_prompt_length="
+                                f"{cfg.max_prompt_length}; raise data.max_prompt_length, shorten the prompt, or set "
+                                "data.overlong_prompts=drop to drop such prompts")
+            dropped[parsed.data_source] += 1
+            continue
+        records.append(PromptRecord(index, display_text(parsed.prompt), text, tuple(prompt_ids), parsed.ground_truth,
+                                    parsed.data_source, parsed.extra_info, turns, source.origin))
+    report_dropped(dropped, Counter(p.data_source for _, _, p, _, _ in prepared), split, cfg.max_prompt_length)
     if not records:
-        raise DataError(f"{source}: no {split} prompts left ({len(examples) + len(skipped)} rows read, {len(skipped)} "
-                        f"malformed and skipped, {too_long} longer than data.max_prompt_length={cfg.max_prompt_length} "
-                        "tokens); check the data or raise data.max_prompt_length")
-    logger.info("data: %d %s prompts from %s", len(records), split, source)
+        raise DataError(f"{source.origin}: no {split} prompts left ({len(source.rows)} rows read, {len(skipped)} "
+                        f"malformed and skipped, {sum(dropped.values())} longer than data.max_prompt_length="
+                        f"{cfg.max_prompt_length} tokens); check the data or raise data.max_prompt_length")
+    sources = Counter(r.data_source for r in records)
+    named = "" if set(sources) == {source.default_source} else "; data_source " + ", ".join(
+        f"{name} ({count})" for name, count in sources.items())
+    logger.info("data: %d %s prompts from %s%s", len(records), split, source.origin, named)
     return records
 
 
-def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
-    """(a description of the source, its rows) for `split` of `cfg.source`."""
+def report_dropped(dropped: Counter[str], totals: Counter[str], split: str, max_prompt_length: int) -> None:
+    """One console line per data_source that lost prompts to data.max_prompt_length: info for
+    training, a warning for validation (that source's accuracy covers only the prompts that fit)."""
+    for name, count in dropped.items():
+        consequence = f"; val/{name}/* count the {totals[name] - count} that fit" if split == "val" else ""
+        logger.log(logging.WARNING if split == "val" else logging.INFO,
+                   "data: dropped %d of %d %s prompts of data_source %s longer than data.max_prompt_length=%d tokens "
+                   "(data.overlong_prompts=drop)%s", count, totals[name], split, name, max_prompt_length, consequence)
+
+
+def read_split(cfg: DataConfig, split: str) -> list[RowSource]:
+    """The sources of `split`: its files (data.train_files / data.val_files) when it has any,
+    whatever data.source says; else data.source's generator or hub split."""
+    key = f"data.{split}_files"
+    paths = [Path(p) for p in (cfg.train_files if split == "train" else cfg.val_files)]
+    if paths:
+        for path in paths:
+            if not path.is_file():
+                raise DataError(f"{key}: file not found: {path}")
+            if path.suffix not in (".jsonl", ".parquet"):
+                raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
+        return [RowSource(str(path), path.stem, read_file(path)) for path in paths]
+    if cfg.source == "files":
+        raise DataError(f"{key} is empty; data.source=files needs jsonl or parquet files: {FILES_HINT}")
     if cfg.source in GENERATED:
         generate = arithmetic.generate_problems if cfg.source == "arithmetic" else digits.generate_rows
         try:
@@ -74,43 +168,58 @@ def read_rows(cfg: DataConfig, split: str) -> tuple[str, Iterator[RawRow]]:
         except ValueError as e:
             raise DataError(str(e)) from None
         what = f"{cfg.digits.task}, {split}" if cfg.source == "digits" else split
-        return f"the {cfg.source} generator ({what})", (RawRow(f"{cfg.source}[{split}] row {i}", row)
-                                                        for i, row in enumerate(problems))
-    if cfg.source == "files":
-        key = f"data.{split}_files"
-        paths = [Path(p) for p in (cfg.train_files if split == "train" else cfg.val_files)]
-        if not paths:
-            raise DataError(f"{key} is empty; data.source=files needs jsonl or parquet files: {FILES_HINT}")
-        for path in paths:
-            if not path.is_file():
-                raise DataError(f"{key}: file not found: {path}")
-            if path.suffix not in (".jsonl", ".parquet"):
-                raise DataError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
-        return ", ".join(map(str, paths)), (row for path in paths for row in read_file(path))
+        rows = [RawRow(f"{cfg.source}[{split}] row {i}", row) for i, row in enumerate(problems)]
+        return [RowSource(f"the {cfg.source} generator ({what})", cfg.source, rows, PLAIN_KEYS)]
     hub_split = cfg.train_split if split == "train" else cfg.val_split
-    return f"{cfg.source}[{hub_split}]", read_hub(cfg.source, cfg.hub_config, hub_split)
+    return [RowSource(f"{cfg.source}[{hub_split}]", cfg.source, read_hub(cfg.source, cfg.hub_config, hub_split))]
 
 
-def read_file(path: Path) -> Iterator[RawRow]:
-    """Rows of a .parquet or .jsonl file (blank lines ignored, a line that is not JSON an error row)."""
+def describe_split(cfg: DataConfig, split: str) -> str:
+    """What `read_split` reads for `split`, without reading it (the dry-run plan)."""
+    files = list(cfg.train_files if split == "train" else cfg.val_files)
+    if files:
+        return f"data.{split}_files " + ", ".join(files)
+    if cfg.source == "files":
+        return f"data.{split}_files, which is empty"
+    if cfg.source in GENERATED:
+        return f"the {cfg.source} generator"
+    return f"{cfg.source}[{cfg.train_split if split == 'train' else cfg.val_split}] from the hub"
+
+
+def read_file(path: Path) -> list[RawRow]:
+    """Rows of a .parquet or .jsonl file. jsonl: blank lines ignored; a line that is not UTF-8 or
+    not JSON an error row. DataError naming the file when a parquet file cannot be read."""
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
-            yield RawRow(f"{path} row {i}", row)
-        return
-    with path.open(encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(f"{path}: not a readable parquet file ({reason}); the file may be cut short or "
+                            "not parquet: write it again") from None
+        return [RawRow(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
+    rows = []
+    with path.open("rb") as f:
+        for line_number, raw in enumerate(f, start=1):
             where = f"{path}:{line_number}"
             try:
-                yield RawRow(where, json.loads(line))
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                rows.append(RawRow(where, error=f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of "
+                                                "the line); save the file as UTF-8"))
+                continue
+            if not line.strip():
+                continue
+            try:
+                rows.append(RawRow(where, json.loads(line)))
             except json.JSONDecodeError as e:
-                yield RawRow(where, error=f"invalid JSON ({e.msg} at column {e.colno})")
+                rows.append(RawRow(where, error=f"invalid JSON ({e.msg} at column {e.colno})"))
+    return rows
 
 
-def read_hub(name: str, config: str | None, split: str) -> Iterator[RawRow]:
+def read_hub(name: str, config: str | None, split: str) -> list[RawRow]:
     """Rows of a hub dataset split through `datasets.load_dataset` (its local cache when offline)."""
     import datasets
 
@@ -119,86 +228,123 @@ def read_hub(name: str, config: str | None, split: str) -> Iterator[RawRow]:
     except Exception as e:
         reason = ("is not in the local Hugging Face cache and the hub is offline" if hub_offline(datasets=True)
                   else f"could not be loaded ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
-        raise DataError(f"data.source={name} (config {config}, split {split}) {reason}; pass local files: {FILES_HINT}") from e
-    return (RawRow(f"{name}[{split}] row {i}", row) for i, row in enumerate(dataset))
+        raise DataError(f"data.source={name} (config {config}, split {split}) {reason}; pass local files: "
+                        f"{FILES_HINT}") from e
+    return [RawRow(f"{name}[{split}] row {i}", row) for i, row in enumerate(dataset)]
 
 
-def parse_row(row: Any, prompt_key: str, answer_key: str) -> tuple[str, str]:
-    """(question, ground truth) of one row; ValueError says what is wrong with it."""
+def layout_keys(rows: list[RawRow], prompt_key: Optional[str], answer_key: Optional[str]) -> tuple[str, str]:
+    """(prompt key, answer key) of a source: each one configured, else the layout's: verl's
+    (`VERL_KEYS`) when the first row that is an object has a "reward_model", else `PLAIN_KEYS`."""
+    first = next((row.value for row in rows if isinstance(row.value, dict)), None)
+    defaults = VERL_KEYS if first is not None and "reward_model" in first else PLAIN_KEYS
+    return prompt_key or defaults[0], answer_key or defaults[1]
+
+
+def lookup(row: dict[str, Any], key: str) -> Any:
+    """`row[key]` when the row has that literal key (a column whose name holds a dot wins), else the
+    dotted path `key` through nested objects. MissingKey names the key and what the row has there."""
+    if key in row:
+        return row[key]
+    node: Any = row
+    walked: list[str] = []
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            holder = f"'{'.'.join(walked)}'" if walked else "row"
+            has = ", ".join(map(str, node)) if isinstance(node, dict) else f"a {type(node).__name__}, no keys"
+            raise MissingKey(f"missing key '{key}' ({holder} has: {has or 'no keys'})")
+        walked.append(part)
+        node = node[part]
+    return node
+
+
+def parse_row(row: Any, keys: tuple[str, str], source_key: str, default_source: str) -> ParsedRow:
+    """The prompt, ground truth (any value), data_source and extra_info of one row; ValueError says
+    what is wrong with it."""
+    prompt_key, answer_key = keys
     if not isinstance(row, dict):
         raise ValueError(f"expected an object with '{prompt_key}' and '{answer_key}', got {type(row).__name__}")
-    for key in (prompt_key, answer_key):
-        if key not in row:
-            raise ValueError(f"missing key '{key}' (row has: {', '.join(map(str, row)) or 'no keys'})")
-    question, answer = row[prompt_key], row[answer_key]
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"'{prompt_key}' must be a non-empty string, got {type(question).__name__} {question!r:.40}")
-    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise ValueError(f"'{answer_key}' must be a string or a number, got {type(answer).__name__}")
+    prompt = check_prompt(lookup(row, prompt_key), prompt_key)
+    truth = lookup(row, answer_key)
     try:
-        return question, ground_truth(str(answer))
-    except ValueError as e:
-        raise ValueError(f"'{answer_key}': {e}") from None
+        source = lookup(row, source_key)
+    except MissingKey:
+        source = None
+    if source is None:
+        source = default_source
+    elif not isinstance(source, str) or not source.strip():
+        raise ValueError(f"'{source_key}' (data.source_key) must be a non-empty string, the name its metrics are "
+                         f"reported under; got {type(source).__name__} {source!r:.40}")
+    return ParsedRow(prompt, truth, source, row.get(EXTRA_INFO_KEY))
 
 
-def parse_rows(rows: Iterator[RawRow], keys: tuple[str, str],
-               bad_rows: str) -> tuple[list[tuple[int, str, str]], list[str]]:
-    """([(row index, question, ground truth)], ["where: reason" of each malformed row skipped])."""
-    examples: list[tuple[int, str, str]] = []
-    skipped: list[str] = []
-    for index, row in enumerate(rows):
-        try:
-            if row.error is not None:
-                raise ValueError(row.error)
-            question, truth = parse_row(row.value, *keys)
-        except ValueError as e:
-            if bad_rows != "skip":
-                raise DataError(f"{row.where}: {e}; fix the row or set data.bad_rows=skip to skip malformed rows") from None
-            skipped.append(f"{row.where}: {e}")
-            continue
-        examples.append((index, question, truth))
-    return examples, skipped
+def check_prompt(value: Any, key: str) -> Union[str, Messages]:
+    """A prompt: a non-empty string, or chat turns (objects with a string "role" and a string
+    "content", at least one "user" turn; other fields dropped). ValueError naming `key` otherwise."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"'{key}' is an empty string")
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"'{key}' must be a non-empty string or a list of chat messages ({{role, content}}), "
+                         f"got {type(value).__name__} {value!r:.40}")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"'{key}' message {i} must be an object with a string 'role' and 'content', "
+                             f"got {message!r:.60}")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"'{key}' message {i} ({message['role']}) has content of type "
+                             f"{type(message.get('content')).__name__}; only text content (a string) is supported")
+    if not any(message["role"] == "user" for message in value):
+        roles = ", ".join(message["role"] for message in value) or "none"
+        raise ValueError(f"'{key}' has no user turn (roles: {roles})")
+    return [{"role": message["role"], "content": message["content"]} for message in value]
 
 
-def build_records(examples: list[tuple[int, str, str]], cfg: DataConfig,
-                  tokenizer: Any) -> tuple[list[PromptRecord], int]:
-    """(records that fit in `cfg.max_prompt_length` tokens, number of prompts dropped as too long)."""
-    try:
-        prompts = [format_prompt(user_message(question, cfg.prompt_template, cfg.instruction), tokenizer,
-                                 cfg.use_chat_template, cfg.system_prompt) for _, question, _ in examples]
-    except ValueError as e:
-        raise DataError(str(e)) from None
-    ids = tokenizer(prompts, add_special_tokens=not cfg.use_chat_template)["input_ids"] if prompts else []
-    records = [PromptRecord(index, question, prompt, tuple(prompt_ids), truth)
-               for (index, question, truth), prompt, prompt_ids in zip(examples, prompts, ids)
-               if len(prompt_ids) <= cfg.max_prompt_length]
-    return records, len(examples) - len(records)
+def display_text(prompt: Union[str, Messages]) -> str:
+    """A prompt as logs and samples show it: the string, or the content of the last user turn."""
+    if isinstance(prompt, str):
+        return prompt
+    return next(message["content"] for message in reversed(prompt) if message["role"] == "user")
 
 
-def ground_truth(answer: str) -> str:
-    """The text after the last "####", commas and surrounding space stripped; an answer without the
-    marker is taken whole (an answer column of bare numbers). ValueError if nothing is left."""
-    truth = answer.rpartition(ANSWER_MARKER)[2].replace(",", "").strip()
-    if not truth:
-        raise ValueError(f"answer has nothing after '{ANSWER_MARKER}'")
-    return truth
+def chat_messages(prompt: Union[str, Messages], cfg: DataConfig) -> Messages:
+    """The turns the template renders. A string prompt becomes the user turn (data.prompt_template
+    with data.instruction); a message prompt is taken as it is (it needs the chat template).
+    data.system_prompt goes first unless None or the turns have a system turn of their own."""
+    if isinstance(prompt, str):
+        turns = [{"role": "user", "content": user_message(prompt, cfg.prompt_template, cfg.instruction)}]
+    elif not cfg.use_chat_template:
+        raise ValueError("the prompt is a list of chat messages, which needs the chat template; "
+                         "set data.use_chat_template=true")
+    else:
+        turns = prompt
+    if cfg.system_prompt is None or any(turn["role"] == "system" for turn in turns):
+        return turns
+    return [{"role": "system", "content": cfg.system_prompt}, *turns]
 
 
 def user_message(question: str, template: str, instruction: str) -> str:
-    """The user turn: `template` with {question} and {instruction} filled in; ValueError naming
+    """The user turn: `template` with {question} and {instruction} filled in; DataError naming
     `data.prompt_template` if it has another placeholder."""
     try:
         return template.format(question=question.strip(), instruction=instruction)
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"data.prompt_template={template!r} cannot be filled ({type(e).__name__}: {e}); it may use "
-                         "only {question} and {instruction} (write literal braces as {{ }})") from None
+        raise DataError(f"data.prompt_template={template!r} cannot be filled ({type(e).__name__}: {e}); it may use "
+                        "only {question} and {instruction} (write literal braces as {{ }})") from None
 
 
-def format_prompt(message: str, tokenizer: Any, use_chat_template: bool, system_prompt: Optional[str] = None) -> str:
-    """The text the model continues: the chat template, assistant turn opened (a system turn of
-    `system_prompt` unless None: the template's default), or the bare message."""
+def render_prompt(turns: Messages, tokenizer: Any, use_chat_template: bool,
+                  chat_template_kwargs: Optional[dict[str, Any]] = None) -> str:
+    """The text the model continues: the chat template over `turns` with the assistant turn opened
+    (`chat_template_kwargs` passed to it), or without the template the user turn's text. ValueError
+    when the template refuses the turns (a role it does not know, turns out of order)."""
     if not use_chat_template:
-        return message
-    system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-    return tokenizer.apply_chat_template([*system, {"role": "user", "content": message}], tokenize=False,
-                                         add_generation_prompt=True)
+        return turns[-1]["content"]
+    try:
+        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True,
+                                             **(chat_template_kwargs or {}))
+    except Exception as e:  # the template is the model's own code: jinja errors, its raise_exception(...)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        roles = ", ".join(turn["role"] for turn in turns)
+        raise ValueError(f"the model's chat template refuses these turns (roles: {roles}): {reason}") from None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import importlib
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ppo_trainer.config import ConfigError, RewardConfig
 from ppo_trainer.rewards import math as math_reward
 
-RewardFn = Callable[[str, str], float]
+RewardFn = Callable[[str, Any], float]  # (response, ground truth as in the data) -> score
 
 
 class RewardError(RuntimeError):
@@ -40,7 +40,7 @@ def load_reward_fn(cfg: RewardConfig) -> RewardFn:
     return fn
 
 
-def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[str],
+def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequence[Any],
               on_error: str = "raise") -> tuple[list[float], int]:
     """Scores [B] and the number of failed calls (an exception or a non-finite result): on_error
     "raise" re-raises the first naming the row, "zero" scores it 0.0."""
@@ -56,9 +56,11 @@ def score_all(reward_fn: RewardFn, responses: Sequence[str], ground_truths: Sequ
         except Exception as e:
             if on_error != "zero":
                 shown = response if len(response) <= 300 else response[:300] + "..."
-                raise RewardError(f"reward function failed on row {row} (ground truth {truth!r}, response "
-                                  f"{shown!r}): {type(e).__name__}: {e}; fix it or set reward.on_error=zero to score "
-                                  "such rows 0") from e
+                # one line, also when the error quotes a multi-line ground truth (a GSM8K solution)
+                reason = f"{type(e).__name__}: {e}".replace("\n", "\\n")
+                raise RewardError(f"reward function failed on row {row} (ground truth {truth!r:.300}, response "
+                                  f"{shown!r}): {reason}; fix it or set reward.on_error=zero to score such rows "
+                                  "0") from e
             scores.append(0.0)
             errors += 1
     return scores, errors

@@ -2,13 +2,17 @@
 
 A number: an optional minus sign and "$", digits (commas only as thousands separators) and an
 optional decimal part: "-$1,250.50" reads as "-1250.50"; "5-3" is a subtraction, not -3.
+
+A ground truth is taken as the data gives it (`truth_answers`): a GSM8K solution ("... #### 1,600")
+counts for the text after its last "####", a bare string or number as it is, a list for each of
+its elements.
 """
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Optional
+from typing import Any, Optional
 
 ANSWER_MARKER = "####"
 
@@ -40,6 +44,25 @@ def extract_flexible(text: str) -> Optional[str]:
 EXTRACTORS = {"strict": extract_strict, "flexible": extract_flexible}  # reward.mode -> its answer
 
 
+def truth_answers(ground_truth: Any) -> list[str]:
+    """The answers a ground truth accepts. A string: the text after its last "####" (all of it
+    without one), stripped, a number in it without thousands separators ("1,600" -> "1600"; "(1, 2)"
+    stays); an int or float: as written; a list: those of each element. ValueError for anything
+    else (None, bool, dict) and for a string with nothing after its "####"."""
+    if isinstance(ground_truth, list):
+        return [answer for item in ground_truth for answer in truth_answers(item)]
+    if isinstance(ground_truth, (int, float)) and not isinstance(ground_truth, bool):
+        return [str(ground_truth)]
+    if not isinstance(ground_truth, str):
+        raise ValueError(f"the math reward reads a ground truth that is a string, a number or a list of them, "
+                         f"not {type(ground_truth).__name__} {ground_truth!r:.60}")
+    text = ground_truth.rpartition(ANSWER_MARKER)[2].strip()
+    if not text:
+        raise ValueError(f"ground truth {ground_truth!r:.60} has nothing after '{ANSWER_MARKER}'")
+    number = _NUMBER_RE.fullmatch(text)
+    return [_canonical(number) if number else text]
+
+
 def answers_equal(answer: str, ground_truth: str) -> bool:
     """Numeric equality when both parse as finite numbers once spaces, commas and "$" are stripped
     ("3.0" == "3"), else exact match of the stripped text."""
@@ -52,13 +75,14 @@ def answers_equal(answer: str, ground_truth: str) -> bool:
     return answer.strip() == ground_truth.strip()
 
 
-def score(response: str, ground_truth: str, *, mode: str = "strict", format_score: float = 0.0,
+def score(response: str, ground_truth: Any, *, mode: str = "strict", format_score: float = 0.0,
           correct_score: float = 1.0) -> float:
-    """`correct_score` if the answer of `mode` (`EXTRACTORS`) equals `ground_truth`, `format_score`
-    if it differs, 0.0 if there is none."""
+    """`correct_score` if the answer of `mode` (`EXTRACTORS`) equals one of `truth_answers(ground_truth)`,
+    `format_score` if it differs, 0.0 if there is none."""
     if mode not in EXTRACTORS:
         raise ValueError(f"reward mode {mode!r} is unknown; use 'strict' or 'flexible'")
+    truths = truth_answers(ground_truth)
     answer = EXTRACTORS[mode](response)
     if answer is None:
         return 0.0
-    return correct_score if answers_equal(answer, ground_truth) else format_score
+    return correct_score if any(answers_equal(answer, truth) for truth in truths) else format_score

@@ -13,7 +13,7 @@ sample `j` of prompt `i`, with a response block (width T, right-padded) after th
 | truncated       | [B]      | True where the response hit max_new_tokens without EOS or stop     |
 
 `response_text`: decoded without special tokens, cut before the first stop string; the prompt's
-fields (`prompt_text`, `ground_truth`, `prompt_index`) repeat n times.
+fields (`prompt_text`, `ground_truth`, `data_source`, `extra_info`, `prompt_index`) repeat n times.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ class Sampler(Protocol):
     (no-ops where the engine cannot)."""
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
-                 max_new_tokens: Optional[int] = None) -> Batch:
+                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
         """`n` responses per prompt; the same weights, prompts and `seed` give the same tokens.
-        `max_new_tokens` replaces the sampler's budget for this call (validation's)."""
+        `max_new_tokens` and `temperature` replace the sampler's for this call (validation's)."""
         ...
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -63,7 +63,7 @@ class HFSampler:
             raise KeyError(f"sync_weights: the state dict lacks parameters: {missing[:5]}")
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
-                 max_new_tokens: Optional[int] = None) -> Batch:
+                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
         prompts = prompt_token_lists(batch)
         rows = [p for p in prompts for _ in range(n)]
         responses: list[list[int]] = []
@@ -73,7 +73,8 @@ class HFSampler:
             torch.manual_seed(seed)
             for start in range(0, len(rows), self.batch_size):
                 ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy,
-                                                max_new_tokens or self.cfg.max_new_tokens)
+                                                max_new_tokens or self.cfg.max_new_tokens,
+                                                temperature or self.cfg.temperature)
                 responses.extend(ids)
                 logprobs.extend(lps)
 
@@ -85,15 +86,15 @@ class HFSampler:
             truncated.append(not stopped)
         return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
 
-    def _generate_chunk(self, prompts: list[list[int]], greedy: bool,
-                        max_new_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
+    def _generate_chunk(self, prompts: list[list[int]], greedy: bool, max_new_tokens: int,
+                        temperature: float) -> tuple[list[list[int]], list[list[float]]]:
         """Generated tokens (up to max_new_tokens, EOS/pad included) and their logprobs, per row."""
         from transformers import GenerationConfig
 
         chunk = prompts_to_batch(prompts, self.pad_id)
         c = self.cfg
         sampling = (dict(do_sample=False) if greedy
-                    else dict(do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
+                    else dict(do_sample=True, temperature=temperature, top_p=c.top_p, top_k=c.top_k))
         # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops early
         # otherwise); vLLM instead samples past EOS. Both give full-length rows.
         gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens,

@@ -131,7 +131,7 @@ class VllmSampler:
         self.llm.reset_prefix_cache()
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
-                 max_new_tokens: Optional[int] = None) -> Batch:
+                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
         """Each prompt gets its own request seed drawn from `seed` (vLLM gives its n samples seed,
         seed+1, ...): one seed for all would give identical prompts identical samples."""
         from vllm import SamplingParams
@@ -140,7 +140,8 @@ class VllmSampler:
         prompts = prompt_token_lists(batch)
         rng = random.Random(seed)
         c = self.cfg
-        params = [SamplingParams(n=n, temperature=0.0 if greedy else c.temperature, top_p=1.0 if greedy else c.top_p,
+        temperature = 0.0 if greedy else temperature or c.temperature
+        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0 if greedy else c.top_p,
                                  top_k=-1 if greedy or c.top_k == 0 else c.top_k,
                                  max_tokens=max_new_tokens or c.max_new_tokens, stop=list(c.stop) or None,
                                  ignore_eos=c.ignore_eos, seed=rng.getrandbits(31), logprobs=0)

@@ -23,6 +23,7 @@ def test_dry_run_prints_the_plan_with_overrides_and_exits_0(tmp_path):
     assert "lam=0.9" in out and "n=4" in out
     assert "sequences per step: 1024" in out  # 256 prompts x 4 samples
     assert "optimizer steps per ppo step: 4" in out  # 256 / 64 mini-batches, 1 epoch
+    assert "data:      train from openai/gsm8k[train] from the hub; val from openai/gsm8k[test] from the hub" in out
     assert not (tmp_path / "outputs").exists(), "a dry run must leave nothing behind"
 
 

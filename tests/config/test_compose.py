@@ -70,6 +70,32 @@ def test_single_file_path_is_accepted_for_list_keys():
     assert list(cfg.data.val_files) == ["test.jsonl"]
 
 
+def test_data_source_files_needs_files_only_for_the_split_that_is_loaded():
+    """ppo-eval reads only the validation split; training stops on the empty data.train_files when
+    it loads the data, before any model (tests/reliability/test_bad_input.py)."""
+    assert list(compose(["data.source=files", "data.val_files=test.jsonl"]).data.train_files) == []
+
+
+def test_files_for_one_split_leave_the_other_on_data_source():
+    cfg = compose(["data.val_files=test.parquet"])
+    assert cfg.data.source == "arithmetic" and list(cfg.data.val_files) == ["test.parquet"]
+    mixed = compose(["data.train_files=[a.jsonl,b.parquet]", "data.train_weights=[3,1]"])
+    assert list(mixed.data.train_weights) == [3.0, 1.0]
+
+
+def test_chat_template_kwargs_take_new_keys_without_a_plus():
+    assert compose(["data.chat_template_kwargs={enable_thinking:false}"]).data.chat_template_kwargs == \
+        {"enable_thinking": False}
+    cfg = compose(["data.chat_template_kwargs.enable_thinking=false", "+data.chat_template_kwargs.custom=x"])
+    assert cfg.data.chat_template_kwargs == {"enable_thinking": False, "custom": "x"}
+
+
+def test_sampled_validation_needs_a_temperature_above_zero():
+    with pytest.raises(ConfigError, match="'eval.n' is 4 with eval.temperature=0: greedy samples"):
+        compose(["eval.n=4", "eval.temperature=0"])
+    assert compose(["eval.n=4"]).eval.temperature is None  # the sampler's temperature
+
+
 def test_critic_path_defaults_to_none_meaning_the_actor_model():
     assert compose([]).critic.path is None
 
@@ -101,8 +127,12 @@ BAD_CONFIGS = [
     ("+critic.lora.rank=8", "critic.lora"),
     ("devices.actor.num_devices=2", "devices.actor.num_devices"),
     ("sampler.vllm.gpu_memory_utilization=1.5", "sampler.vllm.gpu_memory_utilization"),
-    ("data.train_files=[a.jsonl]", "data.train_files"),
-    ("data.source=files", "data.train_files"),
+    ("data.train_files=[a.jsonl,a.jsonl]", "data.train_files"),
+    ("data.train_weights=[1]", "data.train_weights"),
+    ("data.overlong_prompts=truncate", "data.overlong_prompts"),
+    ("data.source_key=''", "data.source_key"),
+    ("eval.n=0", "eval.n"),
+    ("eval.temperature=-1", "eval.temperature"),
     ("trainer.loggers=[console,bogus]", "trainer.loggers"),
     ("reward.fn=no_colon", "reward.fn"),
     ("model.dtype=float8", "model.dtype"),

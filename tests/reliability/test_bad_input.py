@@ -61,7 +61,12 @@ STATIC_CASES = [
     (["devices.actor.num_devices=2"], "devices.actor.num_devices"),
     (["model.dtype=fp8"], "model.dtype"),
     (["trainer.loggers=[console,foo]"], "trainer.loggers"),
-    (["data.train_files=[x.jsonl]"], "data.train_files"),
+    (["data.train_files=[x.jsonl]"], "data.train_files: file not found: x.jsonl"),
+    (["data.train_files=[a.jsonl,b.jsonl]", "data.train_weights=[1]"], "data.train_weights"),
+    (["data.overlong_prompts=truncate"], "data.overlong_prompts"),
+    (["eval.n=4", "eval.temperature=0"], "eval.n"),
+    (["data.use_chat_template=false", "data.chat_template_kwargs={enable_thinking:false}"],
+     "data.chat_template_kwargs"),
     (["gae.kl_ctrl=adaptive", "gae.kl_coef=0"], "gae.kl_coef"),
     (["trainer.objective=val/acc"], "trainer.objective"),
     (["trainer.worker_timeout_s=0"], "trainer.worker_timeout_s"),
@@ -85,6 +90,12 @@ def test_missing_model_path(capsys):
     assert "/no/such/model" in run_cli(capsys, "model.path=/no/such/model")
 
 
+def test_files_source_without_train_files(capsys, tmp_path):
+    rows = write_jsonl(tmp_path / "rows.jsonl", GOOD_ROWS)
+    line = run_cli(capsys, "data.source=files", f"data.val_files={rows}")
+    assert "data.train_files is empty; data.source=files needs jsonl or parquet files" in line
+
+
 def test_missing_data_file(capsys):
     line = run_cli(capsys, "data.source=files", "data.train_files=/no/such/train.jsonl")
     assert "data.train_files" in line and "/no/such/train.jsonl" in line
@@ -100,6 +111,21 @@ def test_malformed_jsonl_row_names_file_and_line(capsys, tmp_path, monkeypatch):
     bad = write_jsonl(tmp_path / "bad.jsonl", [*GOOD_ROWS[:2], "{not json", *GOOD_ROWS[2:]])
     line = run_cli(capsys, "data.source=files", f"data.train_files={bad}", f"data.val_files={bad}")
     assert f"{bad}:3" in line
+
+
+def test_non_utf8_jsonl_line_names_file_and_line(capsys, tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b"".join(json.dumps(row).encode() + b"\n" for row in GOOD_ROWS[:3])
+                    + '{"question": "Caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1"))
+    line = run_cli(capsys, f"data.train_files={bad}")
+    assert f"{bad}:4: not UTF-8 text" in line and "data.bad_rows=skip" in line
+
+
+def test_corrupt_parquet_names_the_file(capsys, tmp_path):
+    bad = tmp_path / "cut.parquet"
+    bad.write_bytes(b"PAR1\x15\x04truncated")
+    line = run_cli(capsys, f"data.val_files={bad}")
+    assert f"{bad}: not a readable parquet file" in line
 
 
 def test_missing_column_names_the_key(capsys, tmp_path):

@@ -14,3 +14,10 @@ from ppo_trainer.rewards.digits import score
 )
 def test_score_is_one_when_the_response_begins_with_the_answer(response: str, truth: str, expected: float) -> None:
     assert score(response, truth) == expected
+
+
+def test_an_int_ground_truth_is_read_as_written_and_other_types_are_refused() -> None:
+    assert score("42 is it", 42) == 1.0
+    assert score("4", 42) == 0.0
+    with pytest.raises(ValueError, match="string or an int ground truth, not list"):
+        score("42", [42])

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.data.datasets import ground_truth
-from ppo_trainer.rewards.math import answers_equal, extract_flexible, extract_strict, score
+from ppo_trainer.rewards.math import answers_equal, extract_flexible, extract_strict, score, truth_answers
 
 STRICT_CASES = [
     ("#### 72", "72"),
@@ -106,5 +105,43 @@ def test_score_rejects_unknown_mode() -> None:
 def test_every_gsm8k_train_answer_scores_one_against_its_ground_truth(gsm8k_dir: Path) -> None:
     rows = [json.loads(line) for line in (gsm8k_dir / "train.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) == 7473
-    failures = [row["answer"][-40:] for row in rows if score(row["answer"], ground_truth(row["answer"])) != 1.0]
+    failures = [row["answer"][-40:] for row in rows if score(row["answer"], row["answer"]) != 1.0]
     assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("truth", "answers"),
+    [
+        ("48/2 = <<48/2=24>>24\n#### 72", ["72"]),
+        ("#### 1,600", ["1600"]),
+        ("#### -3", ["-3"]),
+        ("first #### 4\nthen #### 5", ["5"]),
+        ("42", ["42"]),
+        ("  7.5 ", ["7.5"]),
+        ("(1, 2)", ["(1, 2)"]),  # only thousands separators go: a tuple keeps its comma
+        ("#### $1,250.50", ["1250.50"]),
+        (72, ["72"]),
+        (2.5, ["2.5"]),
+        (["1,000", 7, ["#### 8"]], ["1000", "7", "8"]),
+    ],
+)
+def test_truth_answers_read_the_ground_truth_as_the_data_gives_it(truth, answers) -> None:
+    assert truth_answers(truth) == answers
+
+
+@pytest.mark.parametrize(
+    ("truth", "message"),
+    [("reasoning\n####  ", "has nothing after '####'"), (None, "not NoneType"), (True, "not bool"),
+     ({"answer": 3}, "not dict")],
+)
+def test_truth_answers_refuse_what_they_cannot_read(truth, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        truth_answers(truth)
+
+
+def test_score_accepts_numbers_lists_and_gsm8k_solutions_as_ground_truth() -> None:
+    assert score("#### 72", 72) == 1.0
+    assert score("#### 1600", "Natalia ... #### 1,600") == 1.0
+    assert score("#### 2.50", 2.5) == 1.0
+    assert score("#### 8", [7, "8"]) == 1.0 and score("#### 9", [7, "8"], format_score=0.1) == 0.1
+    assert score("the pair is (1, 2)", "(1, 2)", mode="flexible", format_score=0.1) == 0.1  # "2" is no tuple

@@ -55,6 +55,16 @@ def test_score_all_raise_names_the_failing_row() -> None:
         score_all(_fragile, ["ok", "boom"], ["1", "2"])
 
 
+def test_an_error_quoting_a_multi_line_ground_truth_stays_one_line() -> None:
+    def quoting(response: str, truth: str) -> float:
+        raise ValueError(f"cannot parse {truth}")
+
+    with pytest.raises(RuntimeError) as err:
+        score_all(quoting, ["ok"], ["2 + 6 = 8\n#### 8"])
+    assert "\n" not in str(err.value)
+    assert "ValueError: cannot parse 2 + 6 = 8\\n#### 8; fix it" in str(err.value)
+
+
 def test_score_all_zero_scores_failures_zero_and_counts_them() -> None:
     scores, errors = score_all(_fragile, ["ok", "boom", "nan", "ok"], ["1"] * 4, on_error="zero")
     assert scores == [1.0, 0.0, 0.0, 1.0]

@@ -104,6 +104,17 @@ def test_max_new_tokens_of_a_call_replaces_the_samplers_budget(sampler, prompts)
     assert sampler.generate(prompts, 1, seed=0, greedy=True).response_length == sampler.cfg.max_new_tokens
 
 
+def test_temperature_of_a_call_replaces_the_samplers(sampler, prompts):
+    """Sampled validation passes eval.temperature: the call samples as a sampler built with it."""
+    sampler.cfg = sampler_config(temperature=0.5)
+    own = sampler.generate(prompts, 2, seed=3)
+    sampler.cfg = sampler_config(temperature=1.0)
+    called = sampler.generate(prompts, 2, seed=3, temperature=0.5)
+    assert torch.equal(own.input_ids, called.input_ids)
+    assert torch.equal(own.sample_logprobs, called.sample_logprobs)
+    assert not torch.equal(sampler.generate(prompts, 2, seed=3).sample_logprobs, called.sample_logprobs)
+
+
 def test_same_seed_gives_the_same_tokens_and_another_seed_other_tokens(sampler, prompts):
     first = sampler.generate(prompts, 4, seed=11)
     again = sampler.generate(prompts, 4, seed=11)

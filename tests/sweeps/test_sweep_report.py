@@ -83,6 +83,17 @@ def test_a_custom_objective_to_minimize_sorts_lowest_first(tmp_path):
     assert report.columns()[2:4] == ["critic/vf_loss final", "critic/vf_loss best"]
 
 
+def test_runs_that_validated_several_sources_get_a_final_column_per_source(tmp_path):
+    per_source = {"val/arith/accuracy": 0.5, "val/openai/gsm8k/accuracy": 0.125}
+    make_run(tmp_path, "0", 0.9, [0.0, 0.3], ["gae.lam=0.9"], extra=per_source)
+    make_run(tmp_path, "1", 1.0, [0.0, 0.2], ["gae.lam=1.0"], extra={**per_source, "val/arith/accuracy": 0.25})
+    main([str(tmp_path)])
+    rows = read_csv(tmp_path / "report.csv")
+    assert [(r["val/arith/accuracy final"], r["val/openai/gsm8k/accuracy final"]) for r in rows] == [
+        ("0.5", "0.125"), ("0.25", "0.125")]
+    assert "| 0 | 0.9 | 0.300 | 0.300 | 0.500 | 0.125 |" in (tmp_path / "report.md").read_text()
+
+
 def test_unfinished_and_failed_runs_sort_last_and_show_their_progress(tmp_path):
     make_run(tmp_path, "0", 0.9, [0.0], ["gae.lam=0.9"], total_steps=4)  # only the first validation
     with (tmp_path / "0" / "metrics.jsonl").open("a") as f:

@@ -115,7 +115,7 @@ def test_several_models_are_evaluated_on_the_same_problems_in_one_table(run, cap
                  for r in results]
     assert questions[0] == questions[1]
     table = capsys.readouterr().out.splitlines()
-    assert table[-3].split()[:3] == ["model", "accuracy", "95%"] and len(table) >= 3
+    assert table[-3].split()[:5] == ["model", "data_source", "problems", "accuracy", "95%"] and len(table) >= 3
 
 
 def test_best_names_the_best_validated_step_and_survives_rotation(run):

@@ -28,7 +28,7 @@ def smoke_cfg(*overrides: str):
 
 
 def trainer_without_workers(cfg) -> Trainer:
-    record = PromptRecord(index=0, question="q", prompt="q", prompt_ids=[1, 2], ground_truth="1")
+    record = PromptRecord(index=0, question="q", prompt="q", prompt_ids=(1, 2), ground_truth="1", data_source="q")
     return Trainer(cfg, {"actor": None, "critic": None, "rollout": None}, 0, [record], [])
 
 
