@@ -16,7 +16,7 @@ ALWAYS = (
     "perf/throughput", "perf/max_memory_allocated_gb", "val/accuracy", "val/score/mean",
 )
 # Names that depend on the data or the reward: validation per data_source, a reward's named extras.
-PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/.+/accuracy/(mean|pass)@\d+"),
+PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?accuracy/(mean|pass)@\d+"),
             re.compile(r"reward/[^/]+/mean"))
 
 

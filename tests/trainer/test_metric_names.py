@@ -17,6 +17,7 @@ VARIANTS = {
                               "algorithm.use_kl_loss=true", "algorithm.use_kl_in_reward=true", "algorithm.critic_warmup=1",
                               "reward.on_error=zero", "gae.kl_ctrl=adaptive", "trainer.total_steps=2"],
     "no recompute, no reference": ["algorithm.recompute_old_logprobs=false", "gae.kl_coef=0", "trainer.total_steps=1"],
+    "sampled validation": ["eval.n=2", "eval.temperature=1.0", "trainer.total_steps=1"],
 }
 
 
@@ -36,5 +37,6 @@ def test_an_objective_no_run_logs_is_a_config_error_naming_the_logged_ones():
         compose(["+experiment=smoke", "trainer.objective=val/acc"])
     with pytest.raises(ConfigError, match="actor/update_entropy"):
         compose(["+experiment=smoke", "trainer.objective=actor/update_entropy"])  # entropy_coef=0: never logged
-    for fine in ("critic/vf_loss", "val/gsm8k/accuracy", "val/openai/gsm8k/accuracy/pass@4", "reward/format/mean"):
+    for fine in ("critic/vf_loss", "val/gsm8k/accuracy", "val/openai/gsm8k/accuracy/pass@4", "val/accuracy/mean@4",
+                 "reward/format/mean"):
         assert compose(["+experiment=smoke", f"trainer.objective={fine}"]).trainer.objective == fine
