@@ -221,7 +221,7 @@ class EvalConfig:
     n: int = 1  # samples per prompt: accuracy is mean@n, with pass@n beside it
     temperature: Optional[float] = None  # 0: greedy; None: greedy for n=1, else sampler.temperature
     save_generations: bool = True  # validation in training writes <output_dir>/val_generations/step_N.jsonl
-    output_file: Optional[str] = None  # ppo-eval's responses; default: <output_dir>/eval.jsonl
+    output_file: Optional[str] = None  # ppo-eval's responses; default: eval.jsonl in the current folder
 
 
 @dataclass

@@ -207,23 +207,42 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
     return paths, [o for o in overrides if o.partition("=")[0] != "model.path"]
 
 
+# Keys a run folder's stored config never sets for ppo-eval (a folder from elsewhere must not run
+# code or choose where files go): they come from the command line or the defaults.
+NOT_FROM_RUN_FOLDER = ("model.trust_remote_code", "trainer.output_dir", "eval.output_file")
+
+
 def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path]) -> Any:
-    """The run's config (`resolve_target`) with each key or group that `overrides` name taken from `composed`."""
+    """The run's config (`resolve_target`) with each key or group that `overrides` name taken from
+    `composed`, and `NOT_FROM_RUN_FOLDER` always. A `reward.fn` outside ppo_trainer runs only when the
+    command line names it: else ConfigError."""
     if run_config is None:
         return composed
     cfg = OmegaConf.load(run_config)
-    for override in OverridesParser.create().parse_overrides(overrides):
-        key = override.key_or_group
-        if key == "experiment":
-            raise ConfigError(f"+experiment does not apply to a checkpoint: {run_config} gives the run's "
-                              "settings; override single keys instead")
+    named = [override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)]
+    if "experiment" in named:
+        raise ConfigError(f"+experiment does not apply to a checkpoint: {run_config} gives the run's "
+                          "settings; override single keys instead")
+    remote_code = ("model.trust_remote_code" not in named and OmegaConf.select(cfg, "model.trust_remote_code") is True)
+    also = (" (and its model.trust_remote_code=true is not taken either: pass model.trust_remote_code=true too if "
+            "you trust the folder)") if remote_code else ""
+    stored_fn = OmegaConf.select(cfg, "reward.fn")
+    if not any(key in ("reward", "reward.fn") for key in named) and not str(stored_fn).startswith("ppo_trainer."):
+        raise ConfigError(f"the run's config ({run_config}) names reward.fn={stored_fn}, code that ppo-eval does not "
+                          f"run from a run folder unless told to: pass reward.fn={stored_fn} on the command line to "
+                          f"trust it, or another reward.fn{also}")
+    if remote_code:
+        logger.warning("eval: the run's config sets model.trust_remote_code=true; ppo-eval does not take it from a "
+                       "run folder (pass model.trust_remote_code=true to run the model folder's code)")
+    for key in [*named, *NOT_FROM_RUN_FOLDER]:
         OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
     return validate_static(cfg)
 
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
-    """`ppo-eval`: every `model.path` of `overrides` on the same problems. A run's checkpoint uses
-    the run's config.yaml under the overrides and its sampler; any other model vLLM if installed,
+    """`ppo-eval`: every `model.path` of `overrides` on the same problems, responses written to
+    `eval.output_file` (default eval.jsonl in the current folder). A run's checkpoint uses the
+    run's config under the overrides (`eval_config`) and its sampler; any other model vLLM if installed,
     else HF. eval.n samples per prompt seeded as the run's validation of the checkpoint's step.
     Each result is `evaluate_records`' plus `model`, `step`, `temperature` (None: greedy) and `seconds`."""
     paths, rest = model_paths(overrides)
@@ -238,7 +257,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         name = cfg.sampler.name if run_config is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
                                           max_new_tokens=cfg.eval.max_new_tokens)
-        default_file = Path(cfg.eval.output_file or Path(cfg.trainer.output_dir) / "eval.jsonl")
+        default_file = Path(cfg.eval.output_file or "eval.jsonl")  # the current folder, also for a run's checkpoint
         reward_fn = load_reward_fn(cfg.reward)
         n = cfg.eval.n
         temperature = eval_temperature(cfg.eval.temperature, n, cfg.sampler.temperature)

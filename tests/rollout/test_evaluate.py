@@ -142,7 +142,7 @@ def test_run_eval_with_the_hf_sampler_reads_the_validation_split_within_limit_an
 
     monkeypatch.setattr(vllm_module, "check_vllm_available", lambda: "vLLM is not installed")  # the HF path
     (result,) = run_eval([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3",
-                          "eval.max_new_tokens=4", f"trainer.output_dir={tmp_path}"])
+                          "eval.max_new_tokens=4", f"eval.output_file={tmp_path / 'eval.jsonl'}"])
     assert result["num_examples"] == 3 and result["step"] is None
     rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and result["accuracy"] == 0.0  # a random model does not answer "#### N"
@@ -231,7 +231,8 @@ def test_run_eval_sends_the_engines_output_to_engine_log(tiny_model_dir, tmp_pat
 
     monkeypatch.setattr(vllm_module, "check_vllm_available", lambda: "vLLM is not installed")
     monkeypatch.setattr(evaluate_module, "build_sampler", chatty_sampler)
-    run_eval([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3", f"trainer.output_dir={tmp_path}"])
+    run_eval([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3",
+              f"eval.output_file={tmp_path / 'eval.jsonl'}"])
     console = capfd.readouterr()
     assert "engine warning" not in console.out + console.err
     assert "ppo-eval: accuracy" in console.out

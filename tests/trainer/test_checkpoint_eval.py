@@ -31,6 +31,7 @@ import hashlib
 def reward(response, ground_truth):
     return int(hashlib.sha256(response.encode()).hexdigest()[:8], 16) / 16**8
 """
+TRUSTED_REWARD = f"reward.fn={REWARD_MODULE}:reward"  # a run folder's own reward runs when the command line names it
 RUN = ["+experiment=smoke", "trainer.loggers=[jsonl]", "model.lora.rank=4", "model.lora.alpha=8",
        f"reward.fn={REWARD_MODULE}:reward", "reward.correct_score=0.5", "eval.limit=10", "eval.max_new_tokens=6",
        "data.arithmetic.val_size=16", "trainer.total_steps=3", "trainer.val_every=1", "trainer.save_every=0",
@@ -67,7 +68,7 @@ def test_validation_uses_eval_limit_and_max_new_tokens_like_ppo_eval(run, tmp_pa
     out, _ = run
     hf_only(monkeypatch)
     overrides = [o for o in RUN if o.startswith(("+experiment", "reward.", "eval.", "data.", "model.lora"))]
-    (result,) = run_eval([*overrides, "model.path=random:tiny", f"trainer.output_dir={tmp_path}"])
+    (result,) = run_eval([*overrides, "model.path=random:tiny", f"eval.output_file={tmp_path / 'eval.jsonl'}"])
     assert result["num_examples"] == 10
     val = metrics(out)[0]
     assert (result["accuracy"], result["mean_score"]) == (val["val/accuracy"], val["val/score/mean"])
@@ -76,17 +77,18 @@ def test_validation_uses_eval_limit_and_max_new_tokens_like_ppo_eval(run, tmp_pa
 
 
 @pytest.mark.parametrize("form", ["actor", "step", "latest", "run"])
-def test_ppo_eval_of_a_checkpoint_gives_the_runs_validation_of_that_step(run, form, capsys):
+def test_ppo_eval_of_a_checkpoint_gives_the_runs_validation_of_that_step(run, form, capsys, tmp_path, monkeypatch):
     out, _ = run
+    monkeypatch.chdir(tmp_path)
     step_dir = out / "checkpoints" / "global_step_3"
     path = {"actor": step_dir / "actor", "step": step_dir, "latest": out / "checkpoints" / "latest", "run": out}[form]
     if form == "actor":
         assert (path / "adapter_config.json").is_file()  # the adapter, applied to its base by ppo-eval
-    (result,) = run_eval([f"model.path={path}"])
+    (result,) = run_eval([f"model.path={path}", TRUSTED_REWARD])
     val = metrics(out)[3]
     assert result["step"] == 3 and result["num_examples"] == 10
     assert (result["accuracy"], result["mean_score"]) == (val["val/accuracy"], val["val/score/mean"])
-    assert Path(result["output_file"]) == out / "eval.jsonl"  # the run's folder: its config.yaml was read
+    assert result["output_file"] == "eval.jsonl" and (tmp_path / "eval.jsonl").is_file()  # the current folder
     assert "95% CI" in capsys.readouterr().out
 
 
@@ -99,7 +101,7 @@ def test_a_lora_adapter_outside_a_run_is_applied_to_the_base_it_names(run, tmp_p
     hf_only(monkeypatch)  # the run's sampler; without a run, ppo-eval would pick vLLM when installed
     shutil.copytree(out / "checkpoints" / "global_step_3" / "actor", tmp_path / "adapter")
     overrides = [o for o in RUN if o.startswith(("+experiment", "reward.", "eval.", "data."))]
-    (result,) = run_eval([*overrides, f"model.path={tmp_path / 'adapter'}", f"trainer.output_dir={tmp_path}"])
+    (result,) = run_eval([*overrides, f"model.path={tmp_path / 'adapter'}", f"eval.output_file={tmp_path / 'e.jsonl'}"])
     val = metrics(out)[3]
     assert result["step"] is None
     assert (result["accuracy"], result["mean_score"]) == (val["val/accuracy"], val["val/score/mean"])
@@ -108,7 +110,7 @@ def test_a_lora_adapter_outside_a_run_is_applied_to_the_base_it_names(run, tmp_p
 def test_several_models_are_evaluated_on_the_same_problems_in_one_table(run, capsys):
     out, _ = run
     best = (out / "checkpoints" / "best").read_text().strip()
-    results = run_eval([f"model.path=[{out / 'checkpoints' / 'best'},{out}]", "eval.limit=4"])
+    results = run_eval([f"model.path=[{out / 'checkpoints' / 'best'},{out}]", "eval.limit=4", TRUSTED_REWARD])
     assert [r["num_examples"] for r in results] == [4, 4]
     assert [r["step"] for r in results] == [int(best.rpartition("_")[2]), 3]
     questions = [[json.loads(line)["question"] for line in Path(r["output_file"]).read_text().splitlines()]
@@ -240,3 +242,33 @@ def test_a_first_sigint_saves_and_ends_with_the_block(tmp_path, monkeypatch, cap
     assert "run stopped by SIGINT after step 1 of 4; rerun the same command to continue" in printed
     assert f"last checkpoint:  {out / 'checkpoints' / 'global_step_1'}" in printed
     assert f"ppo-eval model.path={out / 'checkpoints' / 'global_step_1'}" in printed  # no validation yet: the last
+
+
+def test_a_run_folder_from_elsewhere_runs_no_code_unless_the_command_line_says_so(run, tmp_path, monkeypatch, caplog):
+    """A downloaded run folder whose config asks for remote code, a reward function of its own and
+    output paths elsewhere: ppo-eval stops naming reward.fn, takes neither trust_remote_code nor the paths."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from ppo_trainer.config import ConfigError
+
+    out, _ = run
+    copy = tmp_path / "downloaded"
+    shutil.copytree(out, copy)
+    stored = copy / "checkpoints" / "global_step_3" / "state" / "config.yaml"
+    cfg = OmegaConf.load(stored)
+    cfg.model.trust_remote_code = True
+    cfg.reward.fn = "evil_module:score"
+    cfg.trainer.output_dir = str(tmp_path / "elsewhere")
+    cfg.eval.output_file = str(tmp_path / "elsewhere" / "eval.jsonl")
+    OmegaConf.save(cfg, stored)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"names reward.fn=evil_module:score.*pass reward.fn=evil_module:score on "
+                                          r"the command line.*model.trust_remote_code=true is not taken"):
+        run_eval([f"model.path={copy / 'checkpoints' / 'global_step_3'}"])
+    hf_only(monkeypatch)
+    (result,) = run_eval([f"model.path={copy / 'checkpoints' / 'global_step_3'}",
+                          "reward.fn=ppo_trainer.rewards.math:score"])
+    assert "does not take it from a run folder" in caplog.text
+    assert result["output_file"] == "eval.jsonl" and not (tmp_path / "elsewhere").exists()
