@@ -276,7 +276,17 @@ def saved_config(checkpoint: Path) -> Optional[DictConfig]:
     """The resolved config a checkpoint folder (global_step_N) was trained with; None for a checkpoint
     written before checkpoints stored it."""
     path = checkpoint / "state" / "config.yaml"
-    return OmegaConf.load(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        config = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
+        raise CheckpointError(f"corrupt resume state in {path.parent}: config.yaml cannot be read "
+                              f"({type(e).__name__}); resume from another checkpoint with trainer.resume=PATH, or "
+                              "start over with trainer.resume=never") from None
+    if not isinstance(config, DictConfig):
+        raise CheckpointError(f"corrupt resume state in {path.parent}: config.yaml holds no mapping")
+    return config
 
 
 def _step_number(folder: Path) -> int:

@@ -86,7 +86,12 @@ def check_unsaved_run(output_dir: Path, cfg: DictConfig) -> None:
     """`trainer.resume=auto` over a folder whose run of another model saved no checkpoint: ConfigError
     (starting here would overwrite that run's config.yaml and metrics)."""
     saved = output_dir / "config.yaml"
-    old_model = OmegaConf.select(OmegaConf.load(saved), "model.path") if saved.is_file() else None
+    try:
+        old_model = OmegaConf.select(OmegaConf.load(saved), "model.path") if saved.is_file() else None
+    except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
+        raise ConfigError(f"trainer.output_dir={output_dir} holds a config.yaml that cannot be read "
+                          f"({type(e).__name__}); choose another trainer.output_dir, or start over here with "
+                          "trainer.resume=never (the old run is moved aside)") from None
     if old_model is not None and old_model != cfg.model.path:
         raise ConfigError(f"trainer.output_dir={output_dir} holds a run of model.path={old_model}, not "
                           f"{cfg.model.path}; choose another trainer.output_dir, or start over here with "

@@ -120,7 +120,12 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     `trust_remote_code`: run the tokenizer code the model folder ships, as for its model."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)), trust_remote_code=trust_remote_code)
+    folder = resolve_model_path(str(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:  # no tokenizer files, a model type that needs remote code, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelPathError(f"model.path='{path}': its tokenizer cannot be loaded from {folder} ({first})") from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelPathError(f"the tokenizer of '{path}' has neither a pad nor an eos token; add one to its tokenizer_config.json")

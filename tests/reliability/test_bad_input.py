@@ -205,3 +205,37 @@ def test_a_ray_address_where_nothing_answers(capsys):
         port = s.getsockname()[1]
     line = run_cli(capsys, "devices.backend=ray", f"devices.ray.address=127.0.0.1:{port}")
     assert f"devices.ray.address=127.0.0.1:{port}: no Ray cluster answers there" in line and "ray start" in line
+
+
+def test_a_model_folder_without_a_tokenizer(capsys, tmp_path, tiny_model_dir):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_model_dir, bare)
+    for name in bare.iterdir():
+        if "token" in name.name or name.suffix in (".jinja", ".txt", ".model"):
+            name.unlink()
+    line = run_cli(capsys, f"model.path={bare}")
+    assert f"model.path='{bare}': its tokenizer cannot be loaded" in line
+
+
+def test_a_previous_runs_config_that_cannot_be_read(capsys, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("model: [unclosed\n")
+    line = run_cli(capsys, f"trainer.output_dir={out}")
+    assert "config.yaml that cannot be read" in line and "trainer.resume=never" in line
+
+
+def test_a_checkpoints_config_that_cannot_be_read(capsys, tmp_path):
+    out = tmp_path / "run"
+    state = out / "checkpoints" / "global_step_2" / "state"
+    (state / "actor").mkdir(parents=True)
+    (state / "critic").mkdir()
+    (state / "trainer.json").write_text('{"step": 2, "loader": {}, "kl_ctrl": {}}')
+    import torch
+
+    torch.save({"torch": torch.get_rng_state()}, state / "rng.pt")
+    (state / "config.yaml").write_text("\x00\x01 not yaml: [")
+    (out / "checkpoints" / "latest").write_text("global_step_2\n")
+    assert "corrupt resume state" in run_cli(capsys, f"trainer.output_dir={out}")
