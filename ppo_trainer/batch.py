@@ -58,9 +58,10 @@ class Batch:
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
 
-    Non-tensor fields are per-row lists (prompt_text: the prompt's display text; ground_truth,
-    data_source, extra_info: its record's, as in the data); fields not yet computed are None. Each [B, P+T] or [B, T]
-    field names its column block in its metadata, which the reshaping methods follow.
+    Non-tensor fields are per-row lists (prompt_text: the prompt's display text; prompt_messages: its
+    chat turns, which a reward model renders in its own template; ground_truth, data_source,
+    extra_info: its record's, as in the data); fields not yet computed are None. Each [B, P+T] or
+    [B, T] field names its column block in its metadata, which the reshaping methods follow.
     """
 
     input_ids: torch.Tensor = field(metadata={"block": "full", "pad": "pad_id"})
@@ -77,6 +78,7 @@ class Batch:
     returns: Optional[torch.Tensor] = _response()
     truncated: Optional[torch.Tensor] = None
     prompt_text: Optional[list[str]] = None
+    prompt_messages: Optional[list[list[dict[str, Any]]]] = None
     response_text: Optional[list[str]] = None
     ground_truth: Optional[list[Any]] = None
     data_source: Optional[list[str]] = None

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import batch_arithmetic, kl_in_reward, uses_reference
 from ppo_trainer.data.datasets import describe_split
-from ppo_trainer.models.loading import model_path_problem
+from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
 from ppo_trainer.tracking import mask_secrets
 from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
 
@@ -28,7 +28,8 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}",
         f"actor:     {m.path} ({lora}, lr {m.optim.lr})",
         f"reference: {reference}",
-        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.lr}, value_clip {cfg.critic.value_clip})",
+        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.lr}, value_clip {cfg.critic.value_clip}, "
+        f"value head from {critic_head(cfg)})",
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
         f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
@@ -61,6 +62,14 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
     return [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
             f"lambda:    policy advantages {policy}, critic returns {critic}",
             f"rollout correction: {correction}"]
+
+
+def critic_head(cfg: DictConfig) -> str:
+    """Where the critic's value head starts (`value_head_origin`), or why that is unknown here."""
+    try:
+        return value_head_origin(cfg.critic.path or cfg.model.path)
+    except ModelPathError as e:
+        return f"? ({e})"
 
 
 def dtype_summary(cfg: DictConfig) -> str:

@@ -81,7 +81,7 @@ class Trainer:
     def from_config(cls, cfg: DictConfig) -> "Trainer":
         """The resume is checked (`ppo_trainer.resume`), data and reward loaded and config.yaml
         written before any model loads; then the groups. The caller holds the output folder."""
-        from ppo_trainer.models.loading import load_tokenizer
+        from ppo_trainer.models.loading import check_critic_vocabulary, load_tokenizer
         from ppo_trainer.workers.group import build_groups
 
         output_dir = Path(cfg.trainer.output_dir)
@@ -97,6 +97,8 @@ class Trainer:
                                           run_folder.resolved_config(cfg))
             resume.check_dtypes(state, resolved_dtypes(cfg))
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+        if cfg.critic.path:
+            check_critic_vocabulary(cfg.critic.path, tokenizer)
         train_records = load_prompts(cfg.data, tokenizer, "train")
         val_records = load_prompts(cfg.data, tokenizer, "val")
         if resume_from is not None:

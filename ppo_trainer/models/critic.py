@@ -19,10 +19,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ppo_trainer.models.loading import REWARD_MODEL_HEAD, VALUE_HEAD_CONFIG, value_head_origin
 from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
 
 VALUE_HEAD_WEIGHTS = "value_head.safetensors"
-VALUE_HEAD_CONFIG = "value_head.json"
 
 
 class ValueModel(nn.Module):
@@ -40,10 +40,11 @@ class ValueModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
                         gradient_checkpointing: bool = False) -> "ValueModel":
-        """A saved value model (either format), or any causal-LM / base-model folder with a zero head,
-        in float32 (the master copy; FSDP casts for compute)."""
+        """A saved value model (either format), a reward model (a sequence classifier with one label:
+        its backbone, and its score head as the value head), or any causal-LM / base-model folder with
+        a zero head (`value_head_origin`), in float32 (the master copy; FSDP casts for compute)."""
         from safetensors.torch import load_file
-        from transformers import AutoModel, AutoModelForTokenClassification
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
         path = Path(path)
         if (path / "adapter_config.json").is_file():
@@ -53,12 +54,18 @@ class ValueModel(nn.Module):
         kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
         head = None
         architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
-        if any(a.endswith("ForTokenClassification") for a in architectures):
-            classifier = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
-            backbone, head = getattr(classifier, classifier.base_model_prefix), classifier.score
-            if head.out_features != 1:
-                raise ValueError(f"critic.path '{path}' is a token-classification model with {head.out_features} "
-                                 "labels; a value model has num_labels=1")
+        saved_critic = any(a.endswith("ForTokenClassification") for a in architectures)
+        if saved_critic or value_head_origin(str(path)) == REWARD_MODEL_HEAD:  # OpenRLHF's default start
+            auto = AutoModelForTokenClassification if saved_critic else AutoModelForSequenceClassification
+            classifier = auto.from_pretrained(path, **kwargs)
+            backbone, score = getattr(classifier, classifier.base_model_prefix), classifier.score
+            if score.out_features != 1:
+                raise ValueError(f"critic.path '{path}' is a classifier with {score.out_features} labels; a value "
+                                 "model (or a reward model to start it from) has num_labels=1")
+            head = nn.Linear(score.in_features, 1, dtype=torch.float32)  # the value head has a bias; a score may not
+            with torch.no_grad():
+                head.weight.copy_(score.weight.float())
+                head.bias.copy_(score.bias.float() if score.bias is not None else torch.zeros(1))
         else:
             backbone = AutoModel.from_pretrained(path, **kwargs)
         backbone.config.use_cache = False

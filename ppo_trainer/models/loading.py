@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -53,7 +54,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     ),
 }
 
-RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {"tiny": tiny.build_tiny_model}
+RANDOM_MODELS: dict[str, Callable[[Path], Path]] = {"tiny": tiny.build_tiny_model,
+                                                    "tiny-reward": tiny.build_tiny_reward_model}
 
 _announced: set[Path] = set()  # embedded models whose cache folder was named on the console
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]  # no .bin/.onnx/.gguf copies
@@ -114,6 +116,26 @@ def _locate(path: str, part: Optional[str]) -> tuple[str, str]:
     return "hub", path
 
 
+VALUE_HEAD_CONFIG = "value_head.json"  # a saved value model whose type has no token-classification class
+SAVED_CRITIC_HEAD, REWARD_MODEL_HEAD, ZERO_HEAD = "the saved critic's", "the reward model's score head", "zeros"
+
+
+def value_head_origin(path: str, part: Optional[str] = "critic") -> str:
+    """Where the value head of a critic built from `path` starts: a saved critic's head, a reward
+    model's score head (a sequence classifier: read at every state instead of the last), or zeros
+    (any other model). Reads config.json only; a model not on disk yet is read when it loads."""
+    form, where = _locate(path, part)
+    if form == "random":
+        return REWARD_MODEL_HEAD if where == "tiny-reward" else ZERO_HEAD
+    folder = Path(where) if form == "local" else _cached_snapshot(where) if form == "hub" else None
+    if folder is None or not (folder / "config.json").is_file():
+        return ZERO_HEAD  # the embedded models are causal LMs
+    architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    if any(a.endswith("ForTokenClassification") for a in architectures) or (folder / VALUE_HEAD_CONFIG).is_file():
+        return SAVED_CRITIC_HEAD
+    return REWARD_MODEL_HEAD if any(a.endswith("ForSequenceClassification") for a in architectures) else ZERO_HEAD
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     """The tokenizer of `path` (any form `resolve_model_path` accepts): pad falls back to eos,
     padding on the left (prompts end at one column, generation continues there).
@@ -132,6 +154,24 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def check_critic_vocabulary(critic_path: str, policy_tokenizer: Any) -> None:
+    """ModelPathError when `critic.path` (a reward model, say) tokenizes with another vocabulary than
+    the policy: the critic reads the policy's token ids. A saved critic keeps no tokenizer: it was
+    trained on the policy's."""
+    from transformers import AutoTokenizer
+
+    folder = resolve_model_path(critic_path, part="critic")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError):
+        return
+    if tokenizer.get_vocab() != policy_tokenizer.get_vocab():
+        raise ModelPathError(f"critic.path='{critic_path}' has another vocabulary than model.path "
+                             f"({len(tokenizer)} vs {len(policy_tokenizer)} tokens, or the same tokens numbered "
+                             "otherwise), but the critic reads the policy's token ids: start the critic from a model "
+                             "that shares the policy's tokenizer (or leave critic.path unset: the actor's model)")
 
 
 def _cached_snapshot(name: str) -> Optional[Path]:

@@ -135,3 +135,29 @@ def test_lora_adapter_folder_is_rejected_for_the_critic(tiny_model_dir, tmp_path
     model.save_pretrained(tmp_path / "adapter")
     with pytest.raises(ValueError, match="full-parameter"):
         ValueModel.from_pretrained(tmp_path / "adapter")
+
+
+def test_a_critic_started_from_a_reward_model_takes_its_backbone_and_score_head(tmp_path):
+    """OpenRLHF's default start: V(s_t) is the reward model's score head read at every state (the
+    reward model reads it at the last one)."""
+    from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+
+    from ppo_trainer.models.loading import REWARD_MODEL_HEAD, value_head_origin
+    from ppo_trainer.models.tiny import TINY_ARCHITECTURE
+
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(LlamaConfig(vocab_size=40, num_labels=1, pad_token_id=0, **TINY_ARCHITECTURE)
+                                   ).save_pretrained(tmp_path / "rm")
+    assert value_head_origin(str(tmp_path / "rm")) == REWARD_MODEL_HEAD
+    assert value_head_origin("random:tiny-reward") == REWARD_MODEL_HEAD
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", dtype=torch.float32).eval()
+    critic = ValueModel.from_pretrained(tmp_path / "rm").eval()
+    assert torch.equal(critic.value_head.weight, reward_model.score.weight) and critic.value_head.bias.item() == 0.0
+    backbone = dict(critic.backbone.state_dict())
+    assert all(torch.equal(backbone[k], v) for k, v in reward_model.model.state_dict().items())
+    ids = torch.tensor([[5, 9, 12, 7, 33]])
+    with torch.no_grad():
+        scores = [reward_model(input_ids=ids[:, : k + 1]).logits[0, 0].item() for k in range(5)]
+        values = critic(ids, torch.ones_like(ids), torch.arange(5)[None], torch.ones(1, 3, dtype=torch.long))
+    # P = 2 prompt tokens, T = 3 response tokens: V(s_t) reads the state at P + t - 1 = 1, 2, 3
+    assert values[0].tolist() == pytest.approx(scores[1:4], abs=1e-5)

@@ -239,3 +239,9 @@ def test_a_checkpoints_config_that_cannot_be_read(capsys, tmp_path):
     (state / "config.yaml").write_text("\x00\x01 not yaml: [")
     (out / "checkpoints" / "latest").write_text("global_step_2\n")
     assert "corrupt resume state" in run_cli(capsys, f"trainer.output_dir={out}")
+
+
+def test_a_critic_started_from_a_model_with_another_vocabulary(capsys):
+    """The tiny reward model numbers its characters otherwise than the tiny policy."""
+    line = run_cli(capsys, "critic.path=random:tiny-reward")
+    assert "critic.path='random:tiny-reward' has another vocabulary than model.path" in line
