@@ -90,6 +90,7 @@ class SamplerConfig:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # generate max_new_tokens every time (benchmarks)
     generate_batch_size: int = 64  # sequences per HF generate call (bounds memory); hf only
+    sync_bucket_mb: float = 128.0  # weight sync: MiB per bucket streamed from the actor to each rollout replica
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
@@ -410,7 +411,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size", "devices.devices_per_node",
                  "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps", "eval.max_new_tokens",
                  *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
-    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "model.optim.lr", "model.optim.eps", "critic.lr",
+    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "sampler.sync_bucket_mb", "model.optim.lr", "model.optim.eps", "critic.lr",
                  "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
     _require(dev.ray.num_cpus is None or dev.ray.num_cpus >= 1, "devices.ray.num_cpus",
              f"must be >= 1, or null for this machine's cores, got {dev.ray.num_cpus}")

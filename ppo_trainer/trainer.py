@@ -244,7 +244,7 @@ class Trainer:
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
                 with timer("sync"):
-                    self.sync_rollout_weights()
+                    metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)
@@ -285,10 +285,13 @@ class Trainer:
                                  f"controller ignored it (coefficient stays {self.kl_ctrl.value:g})")
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
-    def sync_rollout_weights(self) -> None:
-        """Push the actor's current full weights (LoRA merged) into every rollout replica."""
-        state = self.actor.run_all("full_state_dict")[0]
-        self.rollout.run_all("sync_weights", state)
+    def sync_rollout_weights(self) -> int:
+        """Stream the actor's current weights (LoRA merged, in the compute dtype) from its rank 0
+        straight into every rollout replica, in buckets of sampler.sync_bucket_mb; returns the bytes
+        each replica received."""
+        sent = self.actor.run_all("push_weights", self.rollout.receivers(), int(self.cfg.sampler.sync_bucket_mb * 2**20))
+        self.rollout.run_all("finish_weight_sync")
+        return sent[0]
 
     def perf_metrics(self, batch: Batch, seconds: float) -> dict[str, float]:
         devices = len(self.actor) + (0 if self.cfg.devices.colocate else len(self.critic) + len(self.rollout))

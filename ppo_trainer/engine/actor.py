@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import AlgorithmConfig, ModelConfig
@@ -134,6 +136,31 @@ class ActorEngine(FSDPEngine):
             state = merge_lora_state_dict(state, self.lora_scalings)
         return state
 
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The current policy's weights with Hugging Face names (LoRA merged into the base), in the
+        compute dtype, as CPU buckets of about `bucket_bytes` on rank 0 (nothing elsewhere). A
+        collective: every rank iterates. One decoder layer at a time is gathered (FSDP all-gather),
+        merged and cast on this rank's device, so no full copy of the model sits in host memory;
+        a layer never straddles two buckets (an engine reloading a bucket gets whole layers)."""
+        dtype = compute_dtype(self.dtype)
+        bucket: dict[str, torch.Tensor] = {}
+        size = 0
+        for group in layer_groups(list(self.module.state_dict().items())):
+            full = {key[len("lm.") :]: value.full_tensor() if isinstance(value, DTensor) else value
+                    for key, value in group}
+            if self.policy.is_lora:
+                full = merge_lora_state_dict(full, self.lora_scalings)
+            if self.rank != 0:
+                continue
+            for key, value in full.items():
+                bucket[key] = (value.to(dtype) if value.is_floating_point() else value).to("cpu", copy=True)
+                size += bucket[key].numel() * bucket[key].element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = {}, 0
+        if bucket:
+            yield bucket
+
     def save_hf(self, folder: str | Path, merged_folder: Optional[str | Path] = None) -> None:
         """Hugging Face export into `folder` (weights in the compute dtype, tokenizer files); with
         LoRA the adapter instead, and the merged weights as a plain model folder in `merged_folder`."""
@@ -171,3 +198,23 @@ class ActorEngine(FSDPEngine):
         for name in TOKENIZER_FILES:
             if (self.model_dir / name).is_file():
                 shutil.copyfile(self.model_dir / name, folder / name)
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def layer_groups(items: list[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
+    """`items` (state dict order) in runs of one decoder layer each (keys with `.layers.N.`); every
+    other key (embeddings, final norm, lm_head) is a run of its own."""
+    group: list[tuple[str, Any]] = []
+    current: Optional[str] = None
+    for key, value in items:
+        match = _LAYER.search(key)
+        layer = match.group(1) if match else None
+        if group and (layer is None or layer != current):
+            yield group
+            group = []
+        group.append((key, value))
+        current = layer
+    if group:
+        yield group

@@ -46,6 +46,7 @@ class HFSampler:
         self.batch_size = batch_size
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._synced: set[str] = set()  # names loaded since the last finish_weight_sync
 
     def sleep(self) -> None:
         """No-op: the HF sampler holds no memory beyond its module."""
@@ -54,11 +55,21 @@ class HFSampler:
         """No-op."""
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """`load_weight_bucket` of the whole state, then `finish_weight_sync`."""
+        self.load_weight_bucket(state_dict)
+        self.finish_weight_sync()
+
+    def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy some of the weights (HF names) into the model."""
         result = self.model.load_state_dict(state_dict, strict=False)
         if result.unexpected_keys:
             raise KeyError(f"sync_weights: names unknown to the sampler's model: {result.unexpected_keys[:5]}")
-        parameters = dict(self.model.named_parameters())  # tied weights appear once
-        missing = [k for k in result.missing_keys if k in parameters]
+        self._synced.update(state_dict)
+
+    def finish_weight_sync(self) -> None:
+        """After the last bucket: every parameter must have come (tied weights count once)."""
+        missing = [k for k in dict(self.model.named_parameters()) if k not in self._synced]
+        self._synced = set()
         if missing:
             raise KeyError(f"sync_weights: the state dict lacks parameters: {missing[:5]}")
 

@@ -119,8 +119,14 @@ class VllmSampler:
             self._asleep = set()
 
     def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Push the weights into the running engine, then drop its prefix cache (KV of the old weights).
-        Asleep, only the weights wake: the KV cache stays released until `wake` (memory for a colocated actor)."""
+        """`load_weight_bucket` of the whole state, then `finish_weight_sync`."""
+        self.load_weight_bucket(state_dict)
+        self.finish_weight_sync()
+
+    def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load some of the weights (whole layers: vLLM processes a layer once all of it arrived) into
+        the running engine. Asleep, only the weights wake: the KV cache stays released until `wake`
+        (memory for a colocated actor)."""
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
@@ -128,6 +134,9 @@ class VllmSampler:
         # serialising costs ~0.6 s per push of the 135M model on a CPU; only another process needs it
         weights = state if self._worker_in_process else safetensors.torch.save(state)
         self.llm.collective_rpc("ppo_load_weights", args=(weights,))
+
+    def finish_weight_sync(self) -> None:
+        """After the last bucket: drop the prefix cache (KV computed with the old weights)."""
         self.llm.reset_prefix_cache()
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,

@@ -31,6 +31,10 @@ class LocalWorkers:
     def __len__(self) -> int:
         return 1
 
+    def receivers(self) -> list[Worker]:
+        """What `Worker.push_weights` hands weights to: the worker itself (same process)."""
+        return [self.worker]
+
     def shutdown(self) -> None:
         self.worker = None
 
@@ -62,6 +66,11 @@ class WorkerGroup:
 
     def __len__(self) -> int:
         return len(self.workers)
+
+    def receivers(self) -> list[Any]:
+        """Handles through which another group's worker can call these replicas directly
+        (`Worker.push_weights`): the Worker itself locally, the Ray actors on Ray."""
+        return self.workers.receivers()
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Every replica, same arguments (collectives: `update` takes the full batch on every rank)."""

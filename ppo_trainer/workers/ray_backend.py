@@ -201,6 +201,10 @@ class RayWorkers:
     def __len__(self) -> int:
         return len(self.hosts)
 
+    def receivers(self) -> list[Any]:
+        """The Ray actors (`WorkerHost`) of the role, for direct calls from another role's worker."""
+        return list(self.hosts)
+
     def ready(self) -> None:
         """Wait until every rank has built its worker."""
         self._gather(self.starting, "start")

@@ -4,7 +4,7 @@ a backend drives (the local backend holds one, the Ray backend one per Ray actor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from omegaconf import DictConfig
@@ -69,7 +69,7 @@ class Worker:
     critic seed the process before building (every rank builds the same initial weights, e.g.
     LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
-    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state")
+    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights")
 
     def __init__(self, role: str, cfg: DictConfig, device: str):
         bound_cpu_kernel_caches()
@@ -98,6 +98,25 @@ class Worker:
 
     def load(self, checkpoint: str) -> None:
         self.engine.load_state(Path(checkpoint) / "state" / self.role)
+
+    def push_weights(self, receivers: Sequence[Any], bucket_bytes: int) -> int:
+        """Stream the actor's weights (`ActorEngine.weight_buckets`, a collective of the actor's ranks)
+        from rank 0 straight into the rollout workers `receivers` (`WorkerGroup.receivers`): a Worker
+        of this process gets each bucket handed over, Ray workers fetch it from the object store in
+        parallel; the driver never holds a copy. Returns the bytes sent to each receiver."""
+        sent = 0
+        for bucket in self.engine.weight_buckets(bucket_bytes):
+            local = [r for r in receivers if isinstance(r, Worker)]
+            remote = [r for r in receivers if not isinstance(r, Worker)]
+            for receiver in local:
+                receiver.call("load_weight_bucket", bucket)
+            if remote:
+                import ray
+
+                ref = ray.put(bucket)  # one copy in the object store, whatever the number of replicas
+                ray.get([r.call.remote("load_weight_bucket", ref) for r in remote])
+            sent += sum(t.numel() * t.element_size() for t in bucket.values())
+        return sent
 
     def rng_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"cpu": torch.get_rng_state()}
