@@ -3,6 +3,7 @@ a backend drives (the local backend holds one, the Ray backend one per Ray actor
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,7 +70,7 @@ class Worker:
     critic seed the process before building (every rank builds the same initial weights, e.g.
     LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
-    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights")
+    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights", "peak_memory_gb")
 
     def __init__(self, role: str, cfg: DictConfig, device: str):
         bound_cpu_kernel_caches()
@@ -117,6 +118,12 @@ class Worker:
                 ray.get([r.call.remote("load_weight_bucket", ref) for r in remote])
             sent += sum(t.numel() * t.element_size() for t in bucket.values())
         return sent
+
+    def peak_memory_gb(self) -> float:
+        """This process's peak memory: on CUDA the allocator's peak, else the peak resident set (GiB)."""
+        if torch.cuda.is_available():
+            return torch.cuda.max_memory_allocated() / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
     def rng_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"cpu": torch.get_rng_state()}

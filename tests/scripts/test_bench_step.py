@@ -45,3 +45,18 @@ def test_tiny_plain_run_reports_every_phase_and_the_plain_reference(tmp_path) ->
     # a forward with its backward costs more than the forward alone
     assert result["plain_seconds"]["update_actor"] > result["plain_seconds"]["old_logprob"]
     assert "x plain" in run.stdout
+
+
+@pytest.mark.slow
+def test_bench_sync_compares_the_two_paths_on_the_tiny_model():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_sync.py"
+    out = subprocess.run([sys.executable, str(script), "--models", "tiny", "--replicas", "1", "--lora", "no",
+                          "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("tiny"))
+    streamed_driver_mb = float(row.split("|")[2].split()[1])
+    assert streamed_driver_mb == 0.0
