@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_step.py"
 
 
@@ -49,10 +51,6 @@ def test_tiny_plain_run_reports_every_phase_and_the_plain_reference(tmp_path) ->
 
 @pytest.mark.slow
 def test_bench_sync_compares_the_two_paths_on_the_tiny_model():
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench_sync.py"
     out = subprocess.run([sys.executable, str(script), "--models", "tiny", "--replicas", "1", "--lora", "no",
                           "--repeats", "1"], capture_output=True, text=True, timeout=600)
