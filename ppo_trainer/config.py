@@ -73,10 +73,12 @@ class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(
 @dataclass
 class VllmConfig:  # sampler=vllm only
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: Optional[float] = None  # share of a GPU for vLLM's weights and KV cache; None: 0.5
     max_model_len: Optional[int] = None  # None: max_prompt_length + max_new_tokens
     enforce_eager: bool = False
-    cpu_kv_cache_gb: float = 1.0  # KV-cache size of the CPU build
+    # the KV cache in GiB (vLLM's kv_cache_memory_bytes: no memory profiling); one of this and
+    # gpu_memory_utilization. None: 1 GiB on a CPU, gpu_memory_utilization on a GPU
+    kv_cache_gb: Optional[float] = None
 
 
 @dataclass
@@ -412,7 +414,14 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps", "eval.max_new_tokens",
                  *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
     _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "sampler.sync_bucket_mb", "model.optim.lr", "model.optim.eps", "critic.lr",
-                 "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
+                 "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
+    v = s.vllm
+    _require(v.kv_cache_gb is None or v.kv_cache_gb > 0, "sampler.vllm.kv_cache_gb", f"must be > 0, got {v.kv_cache_gb}")
+    _require(v.gpu_memory_utilization is None or 0 < v.gpu_memory_utilization <= 1, "sampler.vllm.gpu_memory_utilization",
+             f"must be in (0, 1], got {v.gpu_memory_utilization}")
+    _require(v.kv_cache_gb is None or v.gpu_memory_utilization is None, "sampler.vllm.kv_cache_gb",
+             "and sampler.vllm.gpu_memory_utilization are both set: size vLLM's memory by one of them (kv_cache_gb: "
+             "the KV cache in GiB; gpu_memory_utilization: a share of the GPU)")
     _require(dev.ray.num_cpus is None or dev.ray.num_cpus >= 1, "devices.ray.num_cpus",
              f"must be >= 1, or null for this machine's cores, got {dev.ray.num_cpus}")
     _require(bool(re.fullmatch(r"[\w.-]+", t.experiment_name)), "trainer.experiment_name",
@@ -421,7 +430,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              f"({cfg.reward.format_score}) must be below reward.correct_score ({cfg.reward.correct_score}): a "
              "well-formed wrong answer would count as correct")
     _in_interval(cfg, "[0, 1]", "model.optim.min_lr_ratio", "gae.gamma", "gae.lam", "data.arithmetic.two_step_fraction")
-    _in_interval(cfg, "(0, 1]", "sampler.top_p", "sampler.vllm.gpu_memory_utilization")
+    _in_interval(cfg, "(0, 1]", "sampler.top_p")
     _in_interval(cfg, "(0, 1)", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high")
     _require(g.critic_lam is None or 0 <= g.critic_lam <= 1, "gae.critic_lam",
              f"must be in [0, 1], or null for gae.lam, got {g.critic_lam}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import batch_arithmetic, kl_in_reward, uses_reference
+from ppo_trainer.memory_plan import memory_plan
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
 from ppo_trainer.tracking import mask_secrets
@@ -39,6 +40,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         "", "# batch arithmetic (per PPO step)",
         *(f"{key.replace('_', ' ')}: {value}" for key, value in batch_arithmetic(cfg).items()),
     ]
+    lines += memory_plan(cfg, uses_reference(cfg))
     if problems:
         lines += ["", "# warnings (a real run stops on these)", *(f"WARNING: {p}" for p in problems)]
     return "\n".join(lines)

@@ -39,7 +39,7 @@ def run_one(model: str, engine: str, args: argparse.Namespace) -> dict:
     prompts = prompts_to_batch([r.prompt_ids for r in records], tokenizer.pad_token_id)
     cfg = SamplerConfig(
         name=engine, max_new_tokens=args.max_new_tokens, generate_batch_size=args.hf_batch_size,
-        vllm=VllmConfig(enforce_eager=True, cpu_kv_cache_gb=1.0),
+        vllm=VllmConfig(enforce_eager=True, kv_cache_gb=1.0),
     )
     start = time.perf_counter()
     if engine == "hf":

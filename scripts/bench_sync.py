@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-MODELS = {"tiny": ["+experiment=smoke", "sampler=vllm", "sampler.vllm.cpu_kv_cache_gb=0.05"],
+MODELS = {"tiny": ["+experiment=smoke", "sampler=vllm", "sampler.vllm.kv_cache_gb=0.05"],
           "smollm2": ["+experiment=gsm8k_cpu"]}
 
 

@@ -120,18 +120,37 @@ VALUE_HEAD_CONFIG = "value_head.json"  # a saved value model whose type has no t
 SAVED_CRITIC_HEAD, REWARD_MODEL_HEAD, ZERO_HEAD = "the saved critic's", "the reward model's score head", "zeros"
 
 
+def local_config(path: str, part: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """The config.json of `path` (any model.path form) where it is on this machine already (a folder,
+    the Hugging Face cache, an embedded model converted before), else None; builds nothing.
+    ModelPathError when `path` cannot be a model here."""
+    form, where = _locate(path, part)
+    if form == "embedded":
+        model = EMBEDDED_MODELS[where]
+        try:
+            installed = importlib.metadata.version(model.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        folder: Optional[Path] = cache_dir() / "embedded" / f"{where}-{model.distribution}-{installed}"
+    else:
+        folder = Path(where) if form == "local" else _cached_snapshot(where) if form == "hub" else None
+    config = None if folder is None else folder / "config.json"
+    return json.loads(config.read_text()) if config is not None and config.is_file() else None
+
+
 def value_head_origin(path: str, part: Optional[str] = "critic") -> str:
     """Where the value head of a critic built from `path` starts: a saved critic's head, a reward
     model's score head (a sequence classifier: read at every state instead of the last), or zeros
     (any other model). Reads config.json only; a model not on disk yet is read when it loads."""
+    if path.startswith(RANDOM_PREFIX):
+        return REWARD_MODEL_HEAD if path == f"{RANDOM_PREFIX}tiny-reward" else ZERO_HEAD
+    config = local_config(path, part)
+    if config is None:
+        return ZERO_HEAD  # not on disk: the embedded models are causal LMs, a hub model is read when it loads
+    architectures = config.get("architectures") or []
     form, where = _locate(path, part)
-    if form == "random":
-        return REWARD_MODEL_HEAD if where == "tiny-reward" else ZERO_HEAD
-    folder = Path(where) if form == "local" else _cached_snapshot(where) if form == "hub" else None
-    if folder is None or not (folder / "config.json").is_file():
-        return ZERO_HEAD  # the embedded models are causal LMs
-    architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
-    if any(a.endswith("ForTokenClassification") for a in architectures) or (folder / VALUE_HEAD_CONFIG).is_file():
+    if any(a.endswith("ForTokenClassification") for a in architectures) or (
+            form == "local" and (Path(where) / VALUE_HEAD_CONFIG).is_file()):
         return SAVED_CRITIC_HEAD
     return REWARD_MODEL_HEAD if any(a.endswith("ForSequenceClassification") for a in architectures) else ZERO_HEAD
 

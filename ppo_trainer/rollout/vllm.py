@@ -76,7 +76,6 @@ class VllmSampler:
             trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
         )
         if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = int(v.cpu_kv_cache_gb * 2**30)
             # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
             # generator, which CPU generators cannot do ("CPU Generator does not use offset").
             # Unchunked prefill needs a step budget of at least one whole sequence (by default
@@ -84,8 +83,10 @@ class VllmSampler:
             kwargs["enable_chunked_prefill"] = False
             config = json.loads((Path(model_dir) / "config.json").read_text())
             kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(config.get("max_position_embeddings", 0)))
+        if v.kv_cache_gb is not None or on_cpu:  # sized in bytes: no profiling of the device's free memory
+            kwargs["kv_cache_memory_bytes"] = int((v.kv_cache_gb or 1.0) * 2**30)
         else:
-            kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization or 0.5
         if v.tensor_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"
 

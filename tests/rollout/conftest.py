@@ -33,7 +33,7 @@ def sampler_config(**overrides) -> SamplerConfig:
     """Float32-friendly test settings: short responses, a small CPU KV cache, eager engine."""
     base = SamplerConfig(
         max_new_tokens=MAX_NEW_TOKENS,
-        vllm=VllmConfig(max_model_len=128, enforce_eager=True, cpu_kv_cache_gb=0.0625),
+        vllm=VllmConfig(max_model_len=128, enforce_eager=True, kv_cache_gb=0.0625),
     )
     return dataclasses.replace(base, **overrides)
 

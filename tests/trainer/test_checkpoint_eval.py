@@ -189,7 +189,7 @@ def test_merged_export_loads_in_vllm_and_decodes_like_transformers(run):
     with torch.no_grad():
         expected = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                   max_new_tokens=6, do_sample=False)[0, len(prompt):].tolist()
-    cfg = SamplerConfig(max_new_tokens=6, vllm=VllmConfig(max_model_len=64, enforce_eager=True, cpu_kv_cache_gb=0.0625))
+    cfg = SamplerConfig(max_new_tokens=6, vllm=VllmConfig(max_model_len=64, enforce_eager=True, kv_cache_gb=0.0625))
     sampler = VllmSampler(merged, cfg, dtype="float32")
     out = sampler.generate(prompts_to_batch([prompt], 2), 1, seed=0, greedy=True)
     assert out.input_ids[0, len(prompt):][out.response_mask[0].bool()].tolist() == expected

@@ -13,7 +13,7 @@ from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.run_folder import absolute_output_dir, exclusive
 from ppo_trainer.trainer import Trainer
 
-BASE = ["+experiment=smoke", "sampler=vllm", "sampler.vllm.cpu_kv_cache_gb=0.05", "trainer.loggers=[jsonl]",
+BASE = ["+experiment=smoke", "sampler=vllm", "sampler.vllm.kv_cache_gb=0.05", "trainer.loggers=[jsonl]",
         "model.optim.lr=1e-2", "sampler.sync_bucket_mb=0.02",  # ~20 kB buckets: many per sync
         "reward.fn=streaming_digit_share:reward"]  # a reward that varies, so the update moves the weights
 

@@ -1,0 +1,78 @@
+"""The dry run's memory plan: parameter counts from a model's dimensions, each role's share of its
+device, the shared device's peak, and a warning naming the keys when a device would not hold it."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_trainer import memory_plan
+from ppo_trainer.config import compose, uses_reference
+from ppo_trainer.memory_plan import GIB, KNOWN_DIMS, Dims, activation_bytes, model_dims
+
+
+def test_parameter_counts_match_the_published_models():
+    assert KNOWN_DIMS["embedded:smollm2-135m-instruct"].params == 134_515_008
+    assert KNOWN_DIMS["Qwen/Qwen2.5-0.5B-Instruct"].params == 494_032_768
+
+
+def test_dimensions_come_from_config_json_where_the_model_is_on_disk(tiny_model_dir):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    dims = model_dims(str(tiny_model_dir))
+    assert isinstance(dims, Dims) and dims.hidden == json.loads((tiny_model_dir / "config.json").read_text())["hidden_size"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert dims.params == sum(p.numel() for p in model.parameters())
+    assert model_dims("random:tiny") == dims
+
+
+def test_a_model_whose_config_is_nowhere_here_is_unknown_with_the_reason(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "nor in the Hugging Face cache" in model_dims("someone/not-downloaded-7b")
+    lines = memory_plan.memory_plan(compose(["model.path=someone/not-downloaded-7b"]), True)
+    assert any(line.startswith("  unknown: model.path:") for line in lines)
+
+
+def test_activations_by_hand():
+    """2 layers, hidden 4, intermediate 8, 1 head of 4 (kv 1): 8*4 + 4*8 + 2*4 = 72 elements a token
+    and layer; eager attention over 10 keys adds 2 * 1 * 10."""
+    dims = Dims(hidden=4, layers=2, heads=1, kv_heads=1, head_dim=4, intermediate=8, vocab=10, tied=True)
+    assert activation_bytes(dims, 100, 10, 2, False, "sdpa") == 2 * 100 * 72 * 2
+    assert activation_bytes(dims, 100, 10, 2, False, "eager") == 2 * 100 * 92 * 2
+    assert activation_bytes(dims, 100, 10, 2, True, "sdpa") == 2 * 100 * 4 * 2 + 100 * 72 * 2
+
+
+def test_a_shared_device_holds_what_stays_plus_the_busiest_phase():
+    cfg = compose(["+experiment=gsm8k_cpu", "model.dtype=float32", "critic.dtype=float32"])
+    lines = memory_plan.memory_plan(cfg, uses_reference(cfg))
+    actor = memory_plan.trainer_line("actor", cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], 1, 32)
+    critic = memory_plan.trainer_line("critic", cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], 1, 0)
+    rollout = memory_plan.rollout_line(cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], None)
+    stays = sum(v for line in (actor, critic) for k, v in line.parts.items() if k not in memory_plan.TRANSIENT)
+    busiest = max(sum(line.parts.get(k, 0) for k in memory_plan.TRANSIENT) for line in (actor, critic))
+    expected = stays + busiest + rollout.total + memory_plan.PROCESS_BASELINE
+    total = next(line for line in lines if line.startswith("  total"))
+    assert total.startswith(f"  total        {expected / GIB:.2f} GiB per device")
+    assert rollout.parts["weights"] == 2 * 4 * 134_515_008  # the CPU build keeps two float32 copies
+
+
+def test_a_plan_over_the_device_warns_naming_the_keys(monkeypatch):
+    monkeypatch.setattr(memory_plan, "device_memory", lambda cfg: (8 * GIB, "NVIDIA test card"))
+    cfg = compose(["+experiment=gsm8k"])
+    lines = memory_plan.memory_plan(cfg, uses_reference(cfg))
+    assert "  device memory: 8.00 GiB (NVIDIA test card)" in lines
+    (warning,) = [line for line in lines if line.startswith("WARNING")]
+    assert "algorithm.ppo_micro_batch_tokens" in warning and "sampler.vllm.kv_cache_gb" in warning
+    monkeypatch.setattr(memory_plan, "device_memory", lambda cfg: (80 * GIB, "NVIDIA H100"))
+    assert not [line for line in memory_plan.memory_plan(cfg, True) if line.startswith("WARNING")]
+
+
+@pytest.mark.parametrize("experiment", ["smoke", "gsm8k_cpu", "gsm8k"])
+def test_the_dry_run_prints_the_memory_plan(experiment):
+    from ppo_trainer.plan import describe_plan
+
+    text = describe_plan(compose([f"+experiment={experiment}"]), [])
+    section = text.split("# memory plan")[1]
+    for role in ("actor", "critic", "rollout", "total"):
+        assert f"\n  {role}" in section
