@@ -13,7 +13,8 @@ ALWAYS = (
     "actor/ppo_kl", "actor/grad_norm", "actor/lr", "actor/skipped_steps", "response_length/mean",
     "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob", "timing_s/values",
     "timing_s/adv", "timing_s/update_critic", "timing_s/update_actor", "timing_s/sync", "timing_s/step",
-    "perf/throughput", "perf/max_memory_allocated_gb", "perf/sync_bytes", "val/accuracy", "val/score/mean",
+    "perf/throughput", "perf/max_memory_allocated_gb", "perf/actor/max_memory_allocated_gb",
+    "perf/critic/max_memory_allocated_gb", "perf/rollout/max_memory_allocated_gb", "perf/sync_bytes", "val/accuracy", "val/score/mean",
 )
 # Names that depend on the data or the reward: validation per data_source, a reward's named extras.
 PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?accuracy/(mean|pass)@\d+"),

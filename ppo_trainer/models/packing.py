@@ -109,9 +109,11 @@ def states_before_response_tokens(decoder: torch.nn.Module, input_ids: torch.Ten
     final norm) before each valid response token of the padded rows (input_ids, attention_mask,
     position_ids [B, P+T], response_mask [B, T]), in the row-major order of `response_mask.bool()`:
     for token t the state at column P+t-1. Rows sharing a prompt are packed (`pack_shared_prompts`)
-    where the attention implementation takes a 4D mask; otherwise the padded rows run as they are."""
-    if not shares_prompts(decoder):
-        P = input_ids.shape[1] - response_mask.shape[1]
+    where the attention implementation takes a 4D mask; otherwise, and when no prompt repeats
+    (sampler.n=1: nothing to share, and the plain 2D mask keeps fused attention kernels), the padded
+    rows run as they are."""
+    P = input_ids.shape[1] - response_mask.shape[1]
+    if not shares_prompts(decoder) or len(prompt_groups(input_ids, attention_mask, P)) == len(input_ids):
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
         return hidden[:, P - 1 : -1][response_mask.bool()]

@@ -134,9 +134,19 @@ def keep_freed_host_memory() -> list[str]:
 
 def auto_dtype(device_type: str, flags: Optional[set[str]] = None) -> tuple[str, str]:
     """(compute dtype, reason) for `dtype=auto` on `device_type` ("cuda", "npu", "cpu"): bfloat16
-    where the device computes it natively, float32 elsewhere. `flags` defaults to `cpu_flags()`."""
-    if device_type in ("cuda", "npu"):
-        return "bfloat16", f"{device_type} computes bf16 natively"
+    where the device computes it natively, float32 elsewhere (a GPU older than compute capability
+    8.0, Ampere: fp16 would need loss scaling, which the engines do not do). `flags` defaults to
+    `cpu_flags()`; a GPU this process does not see is taken to have bf16."""
+    if device_type == "cuda":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
+            major, minor = torch.cuda.get_device_capability()
+            return "float32", (f"the GPU's compute capability {major}.{minor} has no bf16 (8.0 and later do); fp16 "
+                               "would need loss scaling, which the trainer does not do")
+        return "bfloat16", "cuda computes bf16 natively"
+    if device_type == "npu":
+        return "bfloat16", "npu computes bf16 natively"
     found = [f for f in BF16_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
     if found:
         return "bfloat16", f"the CPU has {found[0]}"

@@ -3,6 +3,7 @@ a backend drives (the local backend holds one, the Ray backend one per Ray actor
 
 from __future__ import annotations
 
+import gc
 import resource
 from pathlib import Path
 from typing import Any, Sequence
@@ -70,7 +71,7 @@ class Worker:
     critic seed the process before building (every rank builds the same initial weights, e.g.
     LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
-    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights", "peak_memory_gb")
+    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights", "peak_memory_gb", "release_memory")
 
     def __init__(self, role: str, cfg: DictConfig, device: str):
         bound_cpu_kernel_caches()
@@ -119,11 +120,24 @@ class Worker:
             sent += sum(t.numel() * t.element_size() for t in bucket.values())
         return sent
 
-    def peak_memory_gb(self) -> float:
-        """This process's peak memory: on CUDA the allocator's peak, else the peak resident set (GiB)."""
+    def peak_memory_gb(self, reset: bool = False) -> float:
+        """This process's peak memory in GiB: on CUDA the allocator's peak (`reset`: from now on, per
+        step), else the peak resident set (since the process started: it cannot be reset)."""
         if torch.cuda.is_available():
-            return torch.cuda.max_memory_allocated() / 2**30
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            if reset:
+                torch.cuda.reset_peak_memory_stats()
+            return peak
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+    def release_memory(self) -> None:
+        """Hand the allocator's cached, unused accelerator memory back (before a colocated vLLM engine
+        wakes into the same devices; another process's cache would be out of its reach)."""
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        elif hasattr(torch, "npu") and torch.npu.is_available():  # type: ignore[attr-defined]
+            torch.npu.empty_cache()  # type: ignore[attr-defined]
 
     def rng_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"cpu": torch.get_rng_state()}

@@ -90,3 +90,33 @@ def test_packed_states_and_gradients_equal_each_row_run_alone_in_float64(float64
     for name, grad in grads().items():
         torch.testing.assert_close(packed_grads[name], grad, atol=1e-6 * float(grad.abs().max()), rtol=0,
                                    msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_rows_with_distinct_prompts_take_the_plain_path_with_the_packed_paths_results(tiny_model_dir, implementation,
+                                                                                    monkeypatch):
+    """sampler.n=1: no prompt repeats, so nothing is packed (no dense 4D mask: fused kernels stay on);
+    the states equal each row run alone. In float32, the trainer's dtype: transformers' eager
+    attention masks left padding with -inf in float64, and a padding row's NaN reaches the others."""
+    from transformers import AutoModel
+
+    import ppo_trainer.models.packing as packing
+
+    decoder = AutoModel.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    decoder.config._attn_implementation = implementation
+    gen = torch.Generator().manual_seed(1)
+    rows = [(torch.randint(3, 90, (p,), generator=gen).tolist(), torch.randint(3, 90, (r,), generator=gen).tolist())
+            for p, r in ((4, 3), (2, 5), (5, 1))]
+    inputs = padded_rows(rows)
+    packed = []
+    real_pack = packing.pack_shared_prompts
+    monkeypatch.setattr(packing, "pack_shared_prompts", lambda *a: packed.append(1) or real_pack(*a))
+    with torch.no_grad():
+        plain = states_before_response_tokens(decoder, *inputs)
+        assert packed == [], "distinct prompts are not packed"
+        states_before_response_tokens(decoder, *padded_rows([rows[0], rows[0]]))  # a repeated prompt still packs
+        assert packed == [1]
+        alone = torch.cat([decoder(input_ids=torch.tensor([p + r])).last_hidden_state[0][len(p) - 1 : -1]
+                           for p, r in rows])
+    # float32 summation orders differ by a few ulps of the largest terms
+    torch.testing.assert_close(plain, alone, atol=1e-5 * float(alone.abs().max()), rtol=0)

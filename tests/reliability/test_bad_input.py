@@ -245,3 +245,9 @@ def test_a_critic_started_from_a_model_with_another_vocabulary(capsys):
     """The tiny reward model numbers its characters otherwise than the tiny policy."""
     line = run_cli(capsys, "critic.path=random:tiny-reward")
     assert "critic.path='random:tiny-reward' has another vocabulary than model.path" in line
+
+
+def test_expandable_segments_with_a_sleeping_vllm(capsys, monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    line = run_cli(capsys, "sampler=vllm", "devices.accelerator=cuda", "devices.colocate=true")
+    assert "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True" in line and "devices.colocate=false" in line

@@ -199,3 +199,20 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_the_rerun_gets_
     run_training(compose(overrides))
     assert not list(checkpoints.glob(".incomplete_*")) and (checkpoints / "latest").read_text().strip() == "global_step_3"
     assert sorted(metrics(tmp_path)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("accelerator, colocate, released", [("cuda", True, True), ("cuda", False, False),
+                                                              ("cpu", True, False)])
+def test_trainers_release_cached_memory_before_a_colocated_engine_wakes(accelerator, colocate, released):
+    from types import SimpleNamespace
+
+    from ppo_trainer.trainer import Trainer
+
+    calls = []
+    group = lambda name: SimpleNamespace(run_all=lambda method, *a, **k: calls.append((name, method)))  # noqa: E731
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = OmegaConf.create({"devices": {"colocate": colocate, "accelerator": accelerator}})
+    trainer.actor, trainer.critic, trainer.rollout = group("actor"), group("critic"), group("rollout")
+    trainer.wake_rollout()
+    expected = [("actor", "release_memory"), ("critic", "release_memory")] if released else []
+    assert calls == [*expected, ("rollout", "wake")]

@@ -212,3 +212,17 @@ def test_dry_run_plan_says_which_dtype_auto_chose_and_why():
     assert line.startswith(f"actor and rollout {chosen} (model.dtype=auto: {why})")
     assert dtype_summary(compose(["+experiment=smoke"])) == \
         "actor and rollout float32 (model.dtype); critic float32 (critic.dtype)"
+
+
+def test_auto_dtype_on_a_gpu_without_bf16_is_float32(monkeypatch):
+    """A V100 or T4 (compute capability 7.x): no bf16; fp16 would need loss scaling."""
+    import torch
+
+    from ppo_trainer.workers.devices import auto_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    dtype, why = auto_dtype("cuda")
+    assert dtype == "float32" and "compute capability 7.0 has no bf16" in why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
+    assert auto_dtype("cuda")[0] == "bfloat16"
