@@ -205,12 +205,14 @@ class DataConfig:
 
 
 @dataclass
-class RewardConfig:
-    fn: str = "ppo_trainer.rewards.math:score"  # module:function
+class RewardConfig:  # docs/rewards.md
+    fn: str = "ppo_trainer.rewards.math:score"  # module:function or path/to/file.py:function
+    batched: bool = False  # one call per batch: verl's batch reward manager, OpenRLHF's reward_func
+    # passed to a function that names them when set to other than the default; math: its scoring
     mode: str = "strict"  # strict ("#### N") | flexible (last number)
     format_score: float = 0.0  # score for a well-formed but wrong answer
-    correct_score: float = 1.0
-    on_error: str = "raise"  # raise | zero (score 0 and count it)
+    correct_score: float = 1.0  # also validation's threshold when the function returns no "acc"
+    on_error: str = "raise"  # raise | zero (score 0 and count it): a call that fails or returns a non-number
 
 
 @dataclass
@@ -510,7 +512,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
         _require(s.max_new_tokens >= answer_tokens, "sampler.max_new_tokens",
                  f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")
-    _require(":" in cfg.reward.fn, "reward.fn", f"is {cfg.reward.fn!r}; expected 'module:function'")
+    _reward_checks(cfg)
 
     if dev.backend == "local":
         for role in ("actor", "critic", "rollout"):
@@ -520,6 +522,13 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(dev.rollout.num_devices % s.vllm.tensor_parallel_size == 0, "sampler.vllm.tensor_parallel_size",
              f"({s.vllm.tensor_parallel_size}) must divide devices.rollout.num_devices ({dev.rollout.num_devices})")
     return cfg
+
+
+def _reward_checks(cfg: DictConfig) -> None:
+    """reward.*: the function's form (docs/rewards.md). Its signature is checked where it is
+    imported (rewards/loader.py), before any model loads."""
+    r = cfg.reward
+    _require(":" in r.fn, "reward.fn", f"is {r.fn!r}; expected 'module:function' or 'path/to/file.py:function'")
 
 
 # --- Composition: the YAML tree in configs/, command-line overrides checked against the schema
