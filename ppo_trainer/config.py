@@ -212,7 +212,9 @@ class RewardConfig:  # docs/rewards.md
     mode: str = "strict"  # strict ("#### N") | flexible (last number)
     format_score: float = 0.0  # score for a well-formed but wrong answer
     correct_score: float = 1.0  # also validation's threshold when the function returns no "acc"
-    on_error: str = "raise"  # raise | zero (score 0 and count it): a call that fails or returns a non-number
+    on_error: str = "raise"  # raise | zero (score 0 and count it): a call that fails, times out or returns a non-number
+    num_workers: int = 0  # processes that score rows concurrently; 0: in the driver
+    timeout_s: Optional[float] = None  # bounds each call (needs num_workers >= 1); None: unbounded
 
 
 @dataclass
@@ -525,10 +527,18 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 
 
 def _reward_checks(cfg: DictConfig) -> None:
-    """reward.*: the function's form (docs/rewards.md). Its signature is checked where it is
-    imported (rewards/loader.py), before any model loads."""
+    """reward.*: the function's form, the pool (docs/rewards.md). Its signature is checked where it
+    is imported (rewards/loader.py), before any model loads."""
     r = cfg.reward
     _require(":" in r.fn, "reward.fn", f"is {r.fn!r}; expected 'module:function' or 'path/to/file.py:function'")
+    _lower_bound(cfg, ">=", 0, "reward.num_workers")
+    _require(r.timeout_s is None or r.timeout_s > 0, "reward.timeout_s", f"must be > 0, or null for no bound, got "
+             f"{r.timeout_s}")
+    _require(r.timeout_s is None or r.num_workers >= 1, "reward.timeout_s",
+             "needs reward.num_workers >= 1: a call in the driver cannot be stopped; set reward.num_workers=1 or more")
+    _require(not (r.batched and r.num_workers > 1), "reward.num_workers",
+             f"is {r.num_workers}, but a batched function (reward.batched=true) is called once per batch, on one "
+             "worker; set reward.num_workers=1 (calls bounded by reward.timeout_s) or 0")
 
 
 # --- Composition: the YAML tree in configs/, command-line overrides checked against the schema

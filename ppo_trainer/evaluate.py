@@ -260,6 +260,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         results = []
         bound_cpu_kernel_caches()  # as a trainer's workers do: greedy batches shrink step by step (new shapes)
         # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
+        # the reward workers too (they start here, and write where the driver writes)
         with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose), \
                 closing(build_scorer(cfg.reward)) as scorer:
             for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):

@@ -40,6 +40,8 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names |= {"critic/warmup_vf_explained_var_before", "critic/warmup_vf_explained_var_after"}
     if cfg.reward.on_error == "zero":
         names.add("reward/errors")
+        if cfg.reward.timeout_s is not None:
+            names.add("reward/timeouts")
     if cfg.gae.kl_ctrl == "adaptive":
         names.add("kl_ctrl/skipped_updates")
     return names

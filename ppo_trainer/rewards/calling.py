@@ -2,7 +2,8 @@
 users bring (verl's `compute_score` by keyword, `fn(response, ground_truth)`, verl's batch reward
 manager, OpenRLHF's `reward_func`), the rows it is given and the scores and named extras it returns.
 
-This module imports neither the config nor torch: a process that only scores needs neither.
+This module imports neither the config nor torch: the reward workers (`rewards/pool.py`) import
+it, and a worker should start in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class SignatureError(ValueError):
 
 
 class RewardError(RuntimeError):
-    """Scoring cannot go on: a row failed under reward.on_error=raise. The run stops (exit 1) with
-    this one-line message."""
+    """Scoring cannot go on: a row failed under reward.on_error=raise, or the reward workers cannot
+    start. The run stops (exit 1) with this one-line message."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Calling:
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """What a process needs to load and call the same reward function."""
+    """What a process needs to load and call the same reward function (a reward worker gets it)."""
 
     fn: str  # reward.fn, a file path made absolute
     calling: Calling

@@ -1,16 +1,17 @@
 """Scoring a batch of responses: the one place that turns rows into scores, named extras and
-counts of failed rows, under `reward.on_error`. `FunctionScorer` calls `reward.fn`; a scorer of
-another kind (a reward model, a reward server) is a `Scorer` beside it. Training and validation
-share one scorer."""
+counts of failed and timed-out rows, under `reward.on_error`. `FunctionScorer` calls `reward.fn`
+in the driver or on a worker pool (`rewards/pool.py`); a scorer of another kind (a reward model,
+a reward server) is a `Scorer` beside it. Training and validation share one scorer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from ppo_trainer.config import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, Outcome, RewardError, RewardInput, call
 from ppo_trainer.rewards.loader import given_options, resolve
+from ppo_trainer.rewards.pool import WorkerPool
 
 
 @dataclass
@@ -19,7 +20,8 @@ class Scores:
 
     values: list[float]  # [B]; a failed row's is 0.0 (reward.on_error=zero)
     extras: list[dict[str, Any]] = field(default_factory=list)  # [B] each row's named extras; {} for a failed row
-    errors: int = 0  # rows scored by reward.on_error: exceptions, invalid results
+    errors: int = 0  # rows scored by reward.on_error: exceptions, invalid results, timeouts, dead workers
+    timeouts: int = 0  # of those, the calls that outlived reward.timeout_s
 
     def extra_means(self) -> dict[str, float]:
         """Each numeric extra's mean over the rows that returned it as a number."""
@@ -69,17 +71,22 @@ class Scorer(Protocol):
 
 class FunctionScorer:
     """A reward function called as `calling` says: one call per row, or one per batch for a batched
-    function."""
+    function; in this process, or on `pool` (which bounds each call by reward.timeout_s)."""
 
     def __init__(self, fn: Callable[..., Any], calling: Calling, on_error: str = "raise",
-                 accuracy: Accuracy = Accuracy()):
-        self.fn, self.calling, self.on_error, self.accuracy = fn, calling, on_error, accuracy
+                 accuracy: Accuracy = Accuracy(), pool: Optional[WorkerPool] = None):
+        self.fn, self.calling, self.on_error, self.accuracy, self.pool = fn, calling, on_error, accuracy, pool
 
     def score(self, rows: Sequence[RewardInput]) -> Scores:
         """Scores of `rows`. A failed row (`Failure`) raises RewardError naming it under
-        on_error="raise" (before the next call), else scores 0.0 and is counted."""
+        on_error="raise" (in this process, before the next call), else scores 0.0 and is counted."""
         tasks = [list(rows)] if self.calling.batched else [[row] for row in rows]
         scores = Scores([], [])
+        if self.pool is not None:
+            outcomes = [o for task in self.pool.map(tasks) for o in task]
+            for row, outcome in enumerate(outcomes):
+                self._add(scores, row, outcome, rows)
+            return scores
         for task in tasks:
             for outcome in call(self.fn, self.calling, task):
                 self._add(scores, len(scores.values), outcome, rows)
@@ -95,9 +102,11 @@ class FunctionScorer:
         scores.values.append(0.0)
         scores.extras.append({})
         scores.errors += 1
+        scores.timeouts += outcome.timeout
 
     def close(self) -> None:
-        """Nothing to release: the function runs in this process."""
+        if self.pool is not None:
+            self.pool.close()
 
 
 def failure_line(row: int, value: RewardInput, failure: Failure) -> str:
@@ -110,16 +119,21 @@ def failure_line(row: int, value: RewardInput, failure: Failure) -> str:
 
 
 def build_scorer(cfg: RewardConfig) -> FunctionScorer:
-    """The scorer of `reward.*`: the function `resolve`d (ConfigError for a bad reward.fn)."""
+    """The scorer of `reward.*`: the function `resolve`d, on `reward.num_workers` workers (0: in
+    this process) with calls bounded by `reward.timeout_s`. ConfigError for a bad reward.fn,
+    RewardError when the workers cannot load it."""
     fn, spec = resolve(cfg)
-    return FunctionScorer(fn, spec.calling, cfg.on_error, accuracy_rule(cfg, spec.calling))
+    pool = WorkerPool(spec, cfg.num_workers, cfg.timeout_s) if cfg.num_workers > 0 else None
+    return FunctionScorer(fn, spec.calling, cfg.on_error, accuracy_rule(cfg, spec.calling), pool)
 
 
 def reward_metrics(scores: Scores, cfg: RewardConfig) -> dict[str, float]:
-    """A training step's reward/* metrics: reward/errors (on_error=zero), reward/<name>/mean of
-    each numeric extra."""
+    """A training step's reward/* metrics: reward/errors (on_error=zero), reward/timeouts (and
+    timeout_s set), reward/<name>/mean of each numeric extra."""
     metrics: dict[str, float] = {}
     if cfg.on_error == "zero":
         metrics["reward/errors"] = scores.errors
+        if cfg.timeout_s is not None:
+            metrics["reward/timeouts"] = scores.timeouts
     metrics.update({f"reward/{name}/mean": mean for name, mean in scores.extra_means().items()})
     return metrics

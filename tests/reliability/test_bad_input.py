@@ -193,7 +193,7 @@ def test_reward_module_that_fails_at_import(capsys, tmp_path, monkeypatch):
 def test_a_reward_signature_that_matches_none_stops_before_the_models(capsys, tmp_path):
     (tmp_path / "batch_reward.py").write_text("def compute_score(data_sources, solution_strs, ground_truths):\n"
                                               "    return [0.0] * len(solution_strs)\n")
-    line = run_cli(capsys, f"reward.fn={tmp_path}/batch_reward.py:compute_score")
+    line = run_cli(capsys, f"reward.fn={tmp_path}/batch_reward.py:compute_score", "reward.num_workers=2")
     assert line.startswith(f"ppo-train: config error: 'reward.fn' is '{tmp_path}/batch_reward.py:compute_score' "
                            "(reward.batched=false), but its parameters (data_sources, solution_strs, ground_truths) "
                            "match no per-row signature (a batch function: set reward.batched=true); accepted: ")

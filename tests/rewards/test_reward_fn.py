@@ -126,5 +126,5 @@ def test_an_error_quoting_a_multi_line_ground_truth_stays_one_line() -> None:
 def test_zero_scores_failures_zero_and_counts_them() -> None:
     scores = FunctionScorer(_fragile, Calling("pair"), on_error="zero").score(rows("ok", "boom", "nan", "ok"))
     assert scores.values == [1.0, 0.0, 0.0, 1.0]
-    assert scores.errors == 2
+    assert (scores.errors, scores.timeouts) == (2, 0)
     assert scores.extras == [{}, {}, {}, {}]

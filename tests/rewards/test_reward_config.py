@@ -1,0 +1,29 @@
+"""reward.* keys that cannot work together are config errors naming the key, before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_trainer.config import ConfigError, compose
+
+CASES = [
+    (["reward.timeout_s=5"], "'reward.timeout_s' needs reward.num_workers >= 1: a call in the driver cannot be stopped"),
+    (["reward.num_workers=1", "reward.timeout_s=0"], "'reward.timeout_s' must be > 0, or null for no bound, got 0"),
+    (["reward.num_workers=-1"], "'reward.num_workers' must be >= 0, got -1"),
+    (["reward.batched=true", "reward.num_workers=2"], "'reward.num_workers' is 2, but a batched function"),
+    (["reward.fn=my_rewards.score"], "'reward.fn' is 'my_rewards.score'; expected 'module:function' or "
+                                     "'path/to/file.py:function'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_reward_keys_that_cannot_work_are_named(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        compose(["+experiment=smoke", *overrides])
+    assert message in str(err.value)
+
+
+def test_the_pool_and_timeouts_compose():
+    r = compose(["+experiment=smoke", "reward.num_workers=4", "reward.timeout_s=2.5"]).reward
+    assert (r.num_workers, r.timeout_s) == (4, 2.5)
+    assert compose(["+experiment=smoke", "reward.batched=true", "reward.num_workers=1"]).reward.batched
