@@ -215,6 +215,9 @@ class RewardConfig:  # docs/rewards.md
     on_error: str = "raise"  # raise | zero (score 0 and count it): a call that fails, times out or returns a non-number
     num_workers: int = 0  # processes that score rows concurrently; 0: in the driver
     timeout_s: Optional[float] = None  # bounds each call (needs num_workers >= 1); None: unbounded
+    truncation_penalty: float = 0.0  # subtracted from the training score of a response cut at max_new_tokens
+    overlong_buffer: int = 0  # DAPO: the last tokens of max_new_tokens where a penalty rises to overlong_penalty
+    overlong_penalty: float = 1.0  # DAPO's penalty factor
 
 
 @dataclass
@@ -527,11 +530,12 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 
 
 def _reward_checks(cfg: DictConfig) -> None:
-    """reward.*: the function's form, the pool (docs/rewards.md). Its signature is checked where it
-    is imported (rewards/loader.py), before any model loads."""
+    """reward.*: the function's form, the pool, the shaping (docs/rewards.md). Its signature is
+    checked where it is imported (rewards/loader.py), before any model loads."""
     r = cfg.reward
     _require(":" in r.fn, "reward.fn", f"is {r.fn!r}; expected 'module:function' or 'path/to/file.py:function'")
-    _lower_bound(cfg, ">=", 0, "reward.num_workers")
+    _lower_bound(cfg, ">=", 0, "reward.num_workers", "reward.truncation_penalty", "reward.overlong_buffer")
+    _lower_bound(cfg, ">", 0, "reward.overlong_penalty")
     _require(r.timeout_s is None or r.timeout_s > 0, "reward.timeout_s", f"must be > 0, or null for no bound, got "
              f"{r.timeout_s}")
     _require(r.timeout_s is None or r.num_workers >= 1, "reward.timeout_s",
@@ -539,6 +543,10 @@ def _reward_checks(cfg: DictConfig) -> None:
     _require(not (r.batched and r.num_workers > 1), "reward.num_workers",
              f"is {r.num_workers}, but a batched function (reward.batched=true) is called once per batch, on one "
              "worker; set reward.num_workers=1 (calls bounded by reward.timeout_s) or 0")
+    _require(r.overlong_buffer < cfg.sampler.max_new_tokens, "reward.overlong_buffer",
+             f"({r.overlong_buffer}) must be below sampler.max_new_tokens ({cfg.sampler.max_new_tokens})")
+    _require(r.overlong_buffer > 0 or r.overlong_penalty == RewardConfig.overlong_penalty, "reward.overlong_penalty",
+             "is set but reward.overlong_buffer=0 applies no overlong penalty; set reward.overlong_buffer (tokens)")
 
 
 # --- Composition: the YAML tree in configs/, command-line overrides checked against the schema

@@ -27,6 +27,7 @@ from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
                                   validation_seed)
+from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import Scorer, build_scorer, reward_metrics
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
@@ -217,7 +218,12 @@ class Trainer:
             with timer("reward"):
                 scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
                 metrics.update(reward_metrics(scores, cfg.reward))
-                batch = batch.with_fields(scores=torch.tensor(scores.values, dtype=torch.float32))
+                shaped = torch.tensor(scores.values, dtype=torch.float64)  # training only: validation is unshaped
+                for name, penalty in shaping.penalties(batch.truncated, batch.response_mask.sum(dim=1),
+                                                       cfg.sampler.max_new_tokens, cfg.reward).items():
+                    shaped = shaped - penalty
+                    metrics[f"reward/{name}"] = penalty.mean().item()
+                batch = batch.with_fields(scores=shaped.float())
             with timer("old_logprob"):
                 if a.recompute_old_logprobs:
                     old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
