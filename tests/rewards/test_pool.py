@@ -4,12 +4,10 @@ folder's lock) and end with a SIGKILLed driver."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
