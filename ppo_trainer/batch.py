@@ -53,7 +53,7 @@ class Batch:
     | ref_logprobs    | [B, T]    | the reference policy's logprobs                                |
     | rollout_weights | [B, T]    | rollout correction weights on the policy loss (None: off)      |
     | values          | [B, T]    | V(s_t): the critic's value of the state before token t         |
-    | scores          | [B]       | the reward function's score of each response                   |
+    | scores          | [B]       | each response's score, less the length shaping (reward.*)       |
     | advantages      | [B, T]    | GAE advantages (whitened if gae.normalize_advantages)          |
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |

@@ -96,7 +96,7 @@ def _exit(what: str, error: BaseException, code: int) -> NoReturn:
 _INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
                  ("ppo_trainer.checkpoint", "CheckpointError"), ("ppo_trainer.run_folder", "OutputDirBusy"),
                  ("ppo_trainer.workers.devices", "PlacementError"))
-_RUN_ERRORS = (("ppo_trainer.rewards.loader", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
+_RUN_ERRORS = (("ppo_trainer.rewards.calling", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
                ("ppo_trainer.trainer", "StoppedBySignal"),
                ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))
 

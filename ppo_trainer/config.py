@@ -208,12 +208,19 @@ class DataConfig:
 
 
 @dataclass
-class RewardConfig:
-    fn: str = "ppo_trainer.rewards.math:score"  # module:function
+class RewardConfig:  # docs/rewards.md
+    fn: str = "ppo_trainer.rewards.math:score"  # module:function or path/to/file.py:function
+    batched: bool = False  # one call per batch: verl's batch reward manager, OpenRLHF's reward_func
+    # passed to a function that names them when set to other than the default; math: its scoring
     mode: str = "strict"  # strict ("#### N") | flexible (last number)
     format_score: float = 0.0  # score for a well-formed but wrong answer
-    correct_score: float = 1.0
-    on_error: str = "raise"  # raise | zero (score 0 and count it)
+    correct_score: float = 1.0  # also validation's threshold when the function returns no "acc"
+    on_error: str = "raise"  # raise | zero (score 0 and count it): a call that fails, times out or returns a non-number
+    num_workers: int = 0  # processes that score rows concurrently; 0: in the driver
+    timeout_s: Optional[float] = None  # bounds each call (needs num_workers >= 1); None: unbounded
+    truncation_penalty: float = 0.0  # subtracted from the training score of a response cut at max_new_tokens
+    overlong_buffer: int = 0  # DAPO: the last tokens of max_new_tokens where a penalty rises to overlong_penalty
+    overlong_penalty: float = 1.0  # DAPO's penalty factor
 
 
 @dataclass
@@ -520,7 +527,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
         _require(s.max_new_tokens >= answer_tokens, "sampler.max_new_tokens",
                  f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")
-    _require(":" in cfg.reward.fn, "reward.fn", f"is {cfg.reward.fn!r}; expected 'module:function'")
+    _reward_checks(cfg)
 
     if dev.backend == "local":
         for role in ("actor", "critic", "rollout"):
@@ -530,6 +537,26 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(dev.rollout.num_devices % s.vllm.tensor_parallel_size == 0, "sampler.vllm.tensor_parallel_size",
              f"({s.vllm.tensor_parallel_size}) must divide devices.rollout.num_devices ({dev.rollout.num_devices})")
     return cfg
+
+
+def _reward_checks(cfg: DictConfig) -> None:
+    """reward.*: the function's form, the pool, the shaping (docs/rewards.md). Its signature is
+    checked where it is imported (rewards/loader.py), before any model loads."""
+    r = cfg.reward
+    _require(":" in r.fn, "reward.fn", f"is {r.fn!r}; expected 'module:function' or 'path/to/file.py:function'")
+    _lower_bound(cfg, ">=", 0, "reward.num_workers", "reward.truncation_penalty", "reward.overlong_buffer")
+    _lower_bound(cfg, ">", 0, "reward.overlong_penalty")
+    _require(r.timeout_s is None or r.timeout_s > 0, "reward.timeout_s", f"must be > 0, or null for no bound, got "
+             f"{r.timeout_s}")
+    _require(r.timeout_s is None or r.num_workers >= 1, "reward.timeout_s",
+             "needs reward.num_workers >= 1: a call in the driver cannot be stopped; set reward.num_workers=1 or more")
+    _require(not (r.batched and r.num_workers > 1), "reward.num_workers",
+             f"is {r.num_workers}, but a batched function (reward.batched=true) is called once per batch, on one "
+             "worker; set reward.num_workers=1 (calls bounded by reward.timeout_s) or 0")
+    _require(r.overlong_buffer < cfg.sampler.max_new_tokens, "reward.overlong_buffer",
+             f"({r.overlong_buffer}) must be below sampler.max_new_tokens ({cfg.sampler.max_new_tokens})")
+    _require(r.overlong_buffer > 0 or r.overlong_penalty == RewardConfig.overlong_penalty, "reward.overlong_penalty",
+             "is set but reward.overlong_buffer=0 applies no overlong penalty; set reward.overlong_buffer (tokens)")
 
 
 # --- Composition: the YAML tree in configs/, command-line overrides checked against the schema

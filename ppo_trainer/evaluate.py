@@ -1,7 +1,8 @@
 """`ppo-eval`, and `evaluate_records`: the one evaluation function, which the trainer's validation
-calls too. A response is correct when it scores at least `reward.correct_score`; with eval.n
-samples per prompt the accuracy is mean@n (correct responses over responses) and pass@n the share
-of prompts with at least one correct response, pooled and per data_source."""
+calls too. A response is correct when the reward function's "acc" says so, or, without one, when it
+scores at least `reward.correct_score` (`rewards.scoring.Accuracy`); with eval.n samples per prompt
+the accuracy is mean@n (correct responses over responses) and pass@n the share of prompts with at
+least one correct response, pooled and per data_source."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 import tempfile
 import time
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -24,8 +26,9 @@ from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
 from ppo_trainer.config import ConfigError, compose, validate_static
 from ppo_trainer.data import PromptRecord, load_prompts
 from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
-from ppo_trainer.rewards.loader import RewardFn, load_reward_fn, score_all
+from ppo_trainer.rewards.calling import RewardInput, is_builtin
 from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
+from ppo_trainer.rewards.scoring import Scorer, build_scorer
 from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
 from ppo_trainer.rollout.base import prompts_to_batch
 from ppo_trainer.tracking import engine_output_to_file
@@ -39,6 +42,15 @@ def prompt_batch(records: Sequence[PromptRecord], pad_id: int) -> Batch:
                             prompt_messages=[r.messages for r in records], ground_truth=[r.ground_truth for r in records],
                             data_source=[r.data_source for r in records], extra_info=[r.extra_info for r in records],
                             prompt_index=[r.index for r in records])
+
+
+def reward_inputs(records: Sequence[PromptRecord], n: int, responses: Sequence[str]) -> list[RewardInput]:
+    """What the reward is told about each of `responses` [len(records) * n], row i*n+j being sample
+    j of records[i]."""
+    if len(responses) != len(records) * n:
+        raise ValueError(f"{len(responses)} responses for {len(records)} prompts x n={n}")
+    return [RewardInput(response, record.ground_truth, record.data_source, record.extra_info, record.prompt)
+            for response, record in zip(responses, (r for r in records for _ in range(n)))]
 
 
 def first_per_source(records: Sequence[PromptRecord], limit: Optional[int]) -> list[PromptRecord]:
@@ -67,16 +79,16 @@ def validation_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + 104_729) % (2**31 - 1)
 
 
-def evaluate_records(generate: Callable[[Batch, int], Batch], records: Sequence[PromptRecord], reward_fn: RewardFn, *,
+def evaluate_records(generate: Callable[[Batch, int], Batch], records: Sequence[PromptRecord], scorer: Scorer, *,
                      pad_id: int, n: int = 1, seed: int = 0, limit: Optional[int] = None, batch_size: int = 64,
-                     correct_score: float = 1.0, on_error: str = "raise",
                      extract: Callable[[str], Optional[str]] = extract_strict,
                      output_file: Optional[str | Path] = None) -> dict[str, Any]:
     """`n` responses to each of the first `limit` records of each data_source, `batch_size` prompts
     per `generate(prompts, seed)` call (n rows per prompt, sample j of prompt i at row i*n+j; call k
-    gets `seed + k`), scored with `reward_fn`. One row per response goes to `output_file` as jsonl
-    if given. Returns `summarize` of every response, "sources": `summarize` of each data_source's
-    (in order of appearance), "n" and "output_file"."""
+    gets `seed + k`), scored by `scorer` (correct: `scorer.accuracy`). One row per response, with the
+    reward's named extras, goes to `output_file` as jsonl if given. Returns `summarize` of every
+    response, "sources": `summarize` of each data_source's (in order of appearance), "n" and
+    "output_file"."""
     records = first_per_source(records, limit)
     rows: list[dict[str, Any]] = []
     for call, start in enumerate(range(0, len(records), batch_size)):
@@ -84,14 +96,15 @@ def evaluate_records(generate: Callable[[Batch, int], Batch], records: Sequence[
         out = generate(prompt_batch(chunk, pad_id), (seed + call) % (2**31 - 1))
         if len(out) != len(chunk) * n:
             raise ValueError(f"evaluate_records: {len(out)} responses for {len(chunk)} prompts x n={n}")
-        scores, _ = score_all(reward_fn, out.response_text, out.ground_truth, on_error)
-        for row, (response, score, truncated) in enumerate(zip(out.response_text, scores, out.truncated.tolist())):
+        scores = scorer.score(reward_inputs(chunk, n, out.response_text))
+        for row, (response, score, extras, truncated) in enumerate(zip(out.response_text, scores.values, scores.extras,
+                                                                       out.truncated.tolist())):
             record = chunk[row // n]
             rows.append({"data_source": record.data_source, "index": record.index, "sample": row % n,
                          "question": record.question, "prompt": record.prompt, "response": response,
                          "extracted": extract(response), "ground_truth": record.ground_truth,
-                         "extra_info": record.extra_info, "score": score, "correct": score >= correct_score,
-                         "truncated": truncated})
+                         "extra_info": record.extra_info, "score": score, "extras": extras,
+                         "correct": scorer.accuracy.correct(score, extras), "truncated": truncated})
         logger.info("eval: %d/%d prompts, accuracy so far %.3f", start + len(chunk), len(records),
                     sum(r["correct"] for r in rows) / len(rows))
     if output_file is not None:
@@ -107,10 +120,11 @@ def evaluate_records(generate: Callable[[Batch, int], Batch], records: Sequence[
 def summarize(rows: Sequence[dict[str, Any]], n: int) -> dict[str, Any]:
     """Figures of evaluation rows whose prompts' `n` responses are adjacent: accuracy (correct over
     responses: mean@n), num_correct, mean_score, truncated_fraction, num_examples (prompts),
-    num_responses, pass_at_n (prompts with a correct response over prompts)."""
+    num_responses, pass_at_n (prompts with a correct response over prompts; a fractional "acc"
+    counts its best response's value)."""
     count, prompts = len(rows), len(rows) // n
     correct = sum(r["correct"] for r in rows)
-    passed = sum(any(r["correct"] for r in rows[i : i + n]) for i in range(0, count, n))
+    passed = sum(max(r["correct"] for r in rows[i : i + n]) for i in range(0, count, n))
     return {"accuracy": correct / count, "num_correct": correct, "mean_score": sum(r["score"] for r in rows) / count,
             "truncated_fraction": sum(r["truncated"] for r in rows) / count, "num_examples": prompts,
             "num_responses": count, "pass_at_n": passed / prompts}
@@ -227,7 +241,7 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
     also = (" (and its model.trust_remote_code=true is not taken either: pass model.trust_remote_code=true too if "
             "you trust the folder)") if remote_code else ""
     stored_fn = OmegaConf.select(cfg, "reward.fn")
-    if not any(key in ("reward", "reward.fn") for key in named) and not str(stored_fn).startswith("ppo_trainer."):
+    if not any(key in ("reward", "reward.fn") for key in named) and not is_builtin(str(stored_fn)):
         raise ConfigError(f"the run's config ({run_config}) names reward.fn={stored_fn}, code that ppo-eval does not "
                           f"run from a run folder unless told to: pass reward.fn={stored_fn} on the command line to "
                           f"trust it, or another reward.fn{also}")
@@ -258,7 +272,6 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
                                           max_new_tokens=cfg.eval.max_new_tokens)
         default_file = Path(cfg.eval.output_file or "eval.jsonl")  # the current folder, also for a run's checkpoint
-        reward_fn = load_reward_fn(cfg.reward)
         n = cfg.eval.n
         temperature = eval_temperature(cfg.eval.temperature, n, cfg.sampler.temperature)
         sampling = {"greedy": True} if temperature is None else {"temperature": temperature}
@@ -266,7 +279,9 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         results = []
         bound_cpu_kernel_caches()  # as a trainer's workers do: greedy batches shrink step by step (new shapes)
         # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
-        with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose):
+        # the reward workers too (they start here, and write where the driver writes)
+        with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose), \
+                closing(build_scorer(cfg.reward)) as scorer:
             for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
                 numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
                 output_file = default_file if len(targets) == 1 else numbered
@@ -279,10 +294,9 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                 start = time.perf_counter()
                 try:
                     result = evaluate_records(lambda batch, seed: sampler.generate(batch, n, seed=seed, **sampling),
-                                              records, reward_fn, pad_id=tokenizer.pad_token_id, n=n,
+                                              records, scorer, pad_id=tokenizer.pad_token_id, n=n,
                                               seed=validation_seed(cfg.trainer.seed, step or 0),
-                                              batch_size=cfg.eval.batch_size, correct_score=cfg.reward.correct_score,
-                                              on_error=cfg.reward.on_error, extract=EXTRACTORS[cfg.reward.mode],
+                                              batch_size=cfg.eval.batch_size, extract=EXTRACTORS[cfg.reward.mode],
                                               output_file=output_file)
                 finally:
                     del sampler

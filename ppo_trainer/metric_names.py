@@ -39,8 +39,15 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names.add("actor/kl_loss")
     if a.critic_warmup:
         names |= {"critic/warmup_vf_explained_var_before", "critic/warmup_vf_explained_var_after"}
-    if cfg.reward.on_error == "zero":
+    r = cfg.reward
+    if r.on_error == "zero":
         names.add("reward/errors")
+        if r.timeout_s is not None:
+            names.add("reward/timeouts")
+    if r.truncation_penalty > 0:
+        names.add("reward/truncation_penalty")
+    if r.overlong_buffer > 0:
+        names.add("reward/overlong_penalty")
     if cfg.gae.kl_ctrl == "adaptive":
         names.add("kl_ctrl/skipped_updates")
     return names

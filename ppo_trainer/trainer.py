@@ -24,9 +24,11 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
-from ppo_trainer.evaluate import eval_temperature, evaluate_records, prompt_batch, validation_metrics, validation_seed
-from ppo_trainer.rewards.loader import load_reward_fn, score_all
+from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
+                                  validation_seed)
+from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.math import EXTRACTORS
+from ppo_trainer.rewards.scoring import Scorer, build_scorer, reward_metrics
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
 from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
@@ -56,7 +58,7 @@ class Trainer:
     """Drives one PPO run; see the module docstring for the step."""
 
     def __init__(self, cfg: DictConfig, groups: dict[str, WorkerGroup], pad_id: int,
-                 train_records: list[PromptRecord], val_records: list[PromptRecord]):
+                 train_records: list[PromptRecord], val_records: list[PromptRecord], scorer: Optional[Scorer] = None):
         self.cfg = cfg
         self.groups = groups
         self.actor, self.critic, self.rollout = groups["actor"], groups["critic"], groups["rollout"]
@@ -65,7 +67,7 @@ class Trainer:
         self.output_dir = Path(cfg.trainer.output_dir)
         self.loader = prompt_loader(cfg, train_records)
         self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
-        self.reward_fn = load_reward_fn(cfg.reward)
+        self.scorer = build_scorer(cfg.reward) if scorer is None else scorer  # training and validation
         g = cfg.gae
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
         self.uses_reference = uses_reference(cfg)
@@ -107,11 +109,14 @@ class Trainer:
             except ValueError as e:
                 raise checkpoint.CheckpointError(f"{resume_from}: the saved data position does not fit the training "
                                                  f"prompts ({e}); start over with trainer.resume=never") from None
-        load_reward_fn(cfg.reward)  # a bad reward.fn fails here, before the models load
-
-        run_folder.write_config(output_dir, cfg)
-        groups = build_groups(cfg)
-        trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records)
+        scorer = build_scorer(cfg.reward)  # a bad reward.fn or signature fails here, before the models load
+        try:
+            run_folder.write_config(output_dir, cfg)
+            groups = build_groups(cfg)
+        except BaseException:
+            scorer.close()
+            raise
+        trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records, scorer)
         if resume_from is not None:
             trainer.load(resume_from, state, rng, restore_kl=resume.restores_kl_controller(changes))
         return trainer
@@ -205,16 +210,21 @@ class Trainer:
         cfg, a, timer = self.cfg, self.cfg.algorithm, _Timer()
         metrics: dict[str, float] = {}
         with timer("step"):
-            prompts = prompt_batch(next(self.loader), self.pad_id)
+            records = next(self.loader)
+            prompts = prompt_batch(records, self.pad_id)
             with timer("gen"):
                 self.wake_rollout()
                 batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, seed=step_seed(cfg.trainer.seed, step))
                 self.rollout.run_all("sleep")
             with timer("reward"):
-                scores, errors = score_all(self.reward_fn, batch.response_text, batch.ground_truth, cfg.reward.on_error)
-                batch = batch.with_fields(scores=torch.tensor(scores, dtype=torch.float32))
-                if cfg.reward.on_error == "zero":
-                    metrics["reward/errors"] = errors
+                scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
+                metrics.update(reward_metrics(scores, cfg.reward))
+                shaped = torch.tensor(scores.values, dtype=torch.float64)  # training only: validation is unshaped
+                for name, penalty in shaping.penalties(batch.truncated, batch.response_mask.sum(dim=1),
+                                                       cfg.sampler.max_new_tokens, cfg.reward).items():
+                    shaped = shaped - penalty
+                    metrics[f"reward/{name}"] = penalty.mean().item()
+                batch = batch.with_fields(scores=shaped.float())
             with timer("old_logprob"):
                 if a.recompute_old_logprobs:
                     old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
@@ -329,10 +339,9 @@ class Trainer:
 
         output_file = self.output_dir / "val_generations" / f"step_{self.step}.jsonl" if e.save_generations else None
         self.wake_rollout()
-        result = evaluate_records(generate, self.val_records, self.reward_fn, pad_id=self.pad_id, n=e.n,
+        result = evaluate_records(generate, self.val_records, self.scorer, pad_id=self.pad_id, n=e.n,
                                   seed=validation_seed(self.cfg.trainer.seed, self.step), limit=e.limit,
-                                  batch_size=e.batch_size, correct_score=r.correct_score, on_error=r.on_error,
-                                  extract=EXTRACTORS[r.mode], output_file=output_file)
+                                  batch_size=e.batch_size, extract=EXTRACTORS[r.mode], output_file=output_file)
         self.rollout.run_all("sleep")
         return validation_metrics(result)
 
@@ -387,6 +396,7 @@ class Trainer:
         """Release the workers. After a stop by a signal a Ray cluster may be going down with the run
         (a scheduler signals Ray's processes too, and asking a dead one to kill each worker blocks
         until Ray gives up on it): Ray is disconnected at once instead."""
+        self.scorer.close()
         if self._stop_requested is not None and self.cfg.devices.backend == "ray":
             from ppo_trainer.workers.ray_backend import disconnect
 

@@ -190,6 +190,21 @@ def test_reward_module_that_fails_at_import(capsys, tmp_path, monkeypatch):
     assert "reward.fn" in line and "importing module 'broken_reward' failed: JSONDecodeError" in line
 
 
+def test_a_reward_signature_that_matches_none_stops_before_the_models(capsys, tmp_path):
+    (tmp_path / "batch_reward.py").write_text("def compute_score(data_sources, solution_strs, ground_truths):\n"
+                                              "    return [0.0] * len(solution_strs)\n")
+    line = run_cli(capsys, f"reward.fn={tmp_path}/batch_reward.py:compute_score", "reward.num_workers=2")
+    assert line.startswith(f"ppo-train: config error: 'reward.fn' is '{tmp_path}/batch_reward.py:compute_score' "
+                           "(reward.batched=false), but its parameters (data_sources, solution_strs, ground_truths) "
+                           "match no per-row signature (a batch function: set reward.batched=true); accepted: ")
+
+
+def test_format_score_for_a_reward_without_the_parameter_stops_before_the_models(capsys, tmp_path):
+    (tmp_path / "plain_reward.py").write_text("def reward(response, ground_truth):\n    return 0.0\n")
+    line = run_cli(capsys, "reward.fn=plain_reward.py:reward", "reward.format_score=0.1")
+    assert "'reward.format_score' is 0.1, but reward.fn plain_reward.py:reward has no 'format_score' parameter" in line
+
+
 def test_a_logger_that_is_not_installed(capsys, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

@@ -16,9 +16,11 @@ from ppo_trainer.config import ConfigError
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results, run_eval,
                                   validation_metrics, validation_seed, wilson_interval)
 from ppo_trainer.rewards import math as math_reward
+from ppo_trainer.rewards.calling import Calling
+from ppo_trainer.rewards.scoring import Accuracy, FunctionScorer
 from ppo_trainer.rollout.base import assemble_rollout, prompt_token_lists
 
-REWARD = functools.partial(math_reward.score, mode="strict", format_score=0.1)
+REWARD = FunctionScorer(functools.partial(math_reward.score, mode="strict", format_score=0.1), Calling("pair"))
 
 
 class ScriptedSampler:
@@ -67,7 +69,7 @@ def test_evaluate_records_scores_greedy_responses_and_writes_one_row_per_prompt(
     assert [r["index"] for r in rows] == [0, 1, 2, 3]
     assert rows[1] == {"data_source": "src", "index": 1, "sample": 0, "question": "question 1", "prompt": "prompt 1",
                        "response": "#### 11", "extracted": "11", "ground_truth": "10", "extra_info": {"i": 1},
-                       "score": 0.1, "correct": False, "truncated": False}
+                       "score": 0.1, "extras": {}, "correct": False, "truncated": False}
     assert rows[2]["extracted"] is None and rows[2]["truncated"] is True
     assert rows[3]["correct"] is True
 
@@ -109,6 +111,48 @@ def test_sampled_validation_metrics_per_source_match_a_hand_count(tmp_path):
     assert [(r["index"], r["sample"], r["data_source"]) for r in rows[:4]] == [(0, 0, "A"), (0, 1, "A"), (0, 2, "A"),
                                                                                (1, 0, "openai/gsm8k")]
     assert [r["score"] for r in rows[:3]] == [1.0, 0.1, 1.0]
+
+
+def verl_style(data_source, solution_str, ground_truth, extra_info=None):
+    """Half a point for the format, never the correct_score threshold of 1; "acc" says who is right."""
+    return {"score": 0.5 if "####" in solution_str else 0.0, "acc": solution_str == f"#### {ground_truth}"}
+
+
+VERL_STYLE = FunctionScorer(verl_style, Calling("row", ("data_source", "solution_str", "ground_truth", "extra_info")))
+
+
+def test_validation_accuracy_comes_from_the_functions_acc_when_it_returns_one(tmp_path):
+    # SAMPLED's hand count holds for acc; the scores (0.5 for each of the 8 responses with "####")
+    # never reach the threshold, which would give accuracy 0
+    sampler = ScriptedSampler(SAMPLED)
+    out = tmp_path / "step_0.jsonl"
+    result = evaluate_records(lambda batch, seed: sampler.generate(batch, 3, seed=seed, temperature=0.7),
+                              records(4, ("A", "openai/gsm8k")), VERL_STYLE, pad_id=0, n=3, batch_size=4,
+                              output_file=out)
+    metrics = validation_metrics(result)
+    assert metrics["val/accuracy"] == pytest.approx(5 / 12) and metrics["val/accuracy/pass@3"] == 0.5
+    assert metrics["val/A/accuracy"] == pytest.approx(2 / 6) and metrics["val/score/mean"] == pytest.approx(4 / 12)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["score"], r["extras"], r["correct"]) for r in rows[:2]] == [(0.5, {"acc": 1.0}, 1.0),
+                                                                          (0.5, {"acc": 0.0}, 0.0)]
+
+
+def test_a_fractional_acc_averages_in_mean_at_n_and_pass_at_n_takes_the_best():
+    sampler = ScriptedSampler([["a", "b"], ["c", "d"]])
+    acc = {"a": 0.5, "b": 0.0, "c": 1.0, "d": 0.25}
+    scorer = FunctionScorer(lambda response, ground_truth: {"score": 0.0, "acc": acc[response]}, Calling("pair"))
+    result = evaluate_records(lambda batch, seed: sampler.generate(batch, 2, seed=seed), records(2), scorer, pad_id=0, n=2)
+    assert result["accuracy"] == pytest.approx(1.75 / 4) and result["pass_at_n"] == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_correct_score_given_for_a_function_returning_acc_is_a_config_error():
+    scorer = FunctionScorer(verl_style, VERL_STYLE.calling, accuracy=Accuracy(0.5, threshold_only=True))
+    with pytest.raises(ConfigError, match=r"'reward.correct_score' is 0.5, but reward.fn returns 'acc', which decides "
+                                          r"validation accuracy, .*remove reward.correct_score"):
+        evaluate_records(ScriptedSampler(["#### 0"]).greedy, records(1), scorer, pad_id=0)
+    threshold = FunctionScorer(REWARD.fn, Calling("pair"), accuracy=Accuracy(0.1, threshold_only=True))
+    result = evaluate_records(ScriptedSampler(["#### 7"]).greedy, records(1), threshold, pad_id=0)
+    assert result["accuracy"] == 1.0  # no acc: the given correct_score is the threshold (format score 0.1 >= 0.1)
 
 
 def test_greedy_validation_of_two_sources_pools_over_rows_and_has_no_pass_at_n():

@@ -267,6 +267,10 @@ def test_a_run_folder_from_elsewhere_runs_no_code_unless_the_command_line_says_s
     with pytest.raises(ConfigError, match=r"names reward.fn=evil_module:score.*pass reward.fn=evil_module:score on "
                                           r"the command line.*model.trust_remote_code=true is not taken"):
         run_eval([f"model.path={copy / 'checkpoints' / 'global_step_3'}"])
+    cfg.reward.fn = "ppo_trainer.x/../../tmp/evil.py:f"  # a file, however its path starts
+    OmegaConf.save(cfg, stored)
+    with pytest.raises(ConfigError, match=r"names reward.fn=ppo_trainer.x/../../tmp/evil.py:f"):
+        run_eval([f"model.path={copy / 'checkpoints' / 'global_step_3'}"])
     hf_only(monkeypatch)
     (result,) = run_eval([f"model.path={copy / 'checkpoints' / 'global_step_3'}",
                           "reward.fn=ppo_trainer.rewards.math:score"])
