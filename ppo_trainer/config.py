@@ -208,8 +208,31 @@ class DataConfig:
 
 
 @dataclass
+class RewardModelConfig:  # reward.model: a learned reward (docs/rewards.md)
+    path: Optional[str] = None  # a sequence classifier with one label: a folder, a hub name, random:tiny-reward
+    coef: float = 1.0  # its weight in the training score
+    dtype: str = "auto"  # as model.dtype
+    trust_remote_code: bool = False  # its own: model.trust_remote_code does not extend to it
+    normalize: bool = False  # scores standardised by their running mean and std (kept in the checkpoint)
+    clip: Optional[float] = None  # then clipped to [-clip, clip]
+
+
+@dataclass
+class RemoteRewardConfig:  # reward.remote: a reward server speaking OpenRLHF's protocol (docs/rewards.md)
+    url: Optional[str] = None  # e.g. http://127.0.0.1:5000/get_reward
+    coef: float = 1.0
+    token: Optional[str] = None  # bearer token; e.g. ${oc.env:REWARD_TOKEN} (saved configs mask it)
+    batch_size: int = 64  # rows per request
+    concurrency: int = 4  # requests in flight
+    retries: int = 3  # after a connection error or a 5xx answer, with doubling waits from 1 s
+    normalize: bool = False
+    clip: Optional[float] = None
+
+
+@dataclass
 class RewardConfig:  # docs/rewards.md
-    fn: str = "ppo_trainer.rewards.math:score"  # module:function or path/to/file.py:function
+    # module:function or path/to/file.py:function; null: no function (a reward model or server scores)
+    fn: Optional[str] = "ppo_trainer.rewards.math:score"
     batched: bool = False  # one call per batch: verl's batch reward manager, OpenRLHF's reward_func
     # passed to a function that names them when set to other than the default; math: its scoring
     mode: str = "strict"  # strict ("#### N") | flexible (last number)
@@ -221,6 +244,8 @@ class RewardConfig:  # docs/rewards.md
     truncation_penalty: float = 0.0  # subtracted from the training score of a response cut at max_new_tokens
     overlong_buffer: int = 0  # DAPO: the last tokens of max_new_tokens where a penalty rises to overlong_penalty
     overlong_penalty: float = 1.0  # DAPO's penalty factor
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
 
 
 @dataclass
@@ -232,6 +257,7 @@ class EvalConfig:
     temperature: Optional[float] = None  # 0: greedy; None: greedy for n=1, else sampler.temperature
     save_generations: bool = True  # validation in training writes <output_dir>/val_generations/step_N.jsonl
     output_file: Optional[str] = None  # ppo-eval's responses; default: eval.jsonl in the current folder
+    reward_fn: Optional[str] = None  # the function that decides validation accuracy; null: reward.fn
 
 
 @dataclass
@@ -325,6 +351,12 @@ def kl_in_reward(cfg: DictConfig) -> bool:
     a = cfg.algorithm
     routed = (not a.use_kl_loss) if a.use_kl_in_reward is None else a.use_kl_in_reward
     return bool(routed) and cfg.gae.kl_coef > 0
+
+
+def uses_ground_truth(cfg: DictConfig) -> bool:
+    """Whether a configured reward reads the data's answers: a reward function does (training's or
+    validation's); a reward model does not, and a reward server gets them when there are some."""
+    return cfg.reward.fn is not None or cfg.eval.reward_fn is not None
 
 
 def uses_reference(cfg: DictConfig) -> bool:
@@ -543,7 +575,19 @@ def _reward_checks(cfg: DictConfig) -> None:
     """reward.*: the function's form, the pool, the shaping (docs/rewards.md). Its signature is
     checked where it is imported (rewards/loader.py), before any model loads."""
     r = cfg.reward
-    _require(":" in r.fn, "reward.fn", f"is {r.fn!r}; expected 'module:function' or 'path/to/file.py:function'")
+    _require(r.fn is not None or r.model.path or r.remote.url, "reward.fn",
+             "is null and neither reward.model.path nor reward.remote.url is set: nothing would score the responses")
+    for key in ("reward.fn", "eval.reward_fn"):
+        fn = OmegaConf.select(cfg, key)
+        _require(fn is None or ":" in fn, key, f"is {fn!r}; expected 'module:function' or 'path/to/file.py:function'")
+    _one_of(cfg, ("auto", "float32", "bfloat16", "float16"), "reward.model.dtype")
+    for part in ("model", "remote"):
+        _require(r[part].clip is None or r[part].clip > 0, f"reward.{part}.clip", f"must be > 0, or null, got {r[part].clip}")
+    _lower_bound(cfg, ">=", 1, "reward.remote.batch_size", "reward.remote.concurrency")
+    _require(not (r.model.path and cfg.devices.backend == "ray"), "reward.model.path",
+             "is set with devices.backend=ray, where the reward model role is not placed yet; use devices.backend=local "
+             "or a reward server (reward.remote.url, e.g. ppo-serve-reward --model ...)")
+    _lower_bound(cfg, ">=", 0, "reward.remote.retries")
     _lower_bound(cfg, ">=", 0, "reward.num_workers", "reward.truncation_penalty", "reward.overlong_buffer")
     _lower_bound(cfg, ">", 0, "reward.overlong_penalty")
     _require(r.timeout_s is None or r.timeout_s > 0, "reward.timeout_s", f"must be > 0, or null for no bound, got "

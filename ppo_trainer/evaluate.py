@@ -49,8 +49,8 @@ def reward_inputs(records: Sequence[PromptRecord], n: int, responses: Sequence[s
     j of records[i]."""
     if len(responses) != len(records) * n:
         raise ValueError(f"{len(responses)} responses for {len(records)} prompts x n={n}")
-    return [RewardInput(response, record.ground_truth, record.data_source, record.extra_info, record.prompt)
-            for response, record in zip(responses, (r for r in records for _ in range(n)))]
+    return [RewardInput(response, record.ground_truth, record.data_source, record.extra_info, record.prompt,
+                        record.messages) for response, record in zip(responses, (r for r in records for _ in range(n)))]
 
 
 def first_per_source(records: Sequence[PromptRecord], limit: Optional[int]) -> list[PromptRecord]:
@@ -223,7 +223,8 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 # Keys a run folder's stored config never sets for ppo-eval (a folder from elsewhere must not run
 # code or choose where files go): they come from the command line or the defaults.
-NOT_FROM_RUN_FOLDER = ("model.trust_remote_code", "trainer.output_dir", "eval.output_file")
+NOT_FROM_RUN_FOLDER = ("model.trust_remote_code", "reward.model.trust_remote_code", "trainer.output_dir",
+                       "eval.output_file")
 
 
 def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path]) -> Any:
@@ -240,17 +241,30 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
     remote_code = ("model.trust_remote_code" not in named and OmegaConf.select(cfg, "model.trust_remote_code") is True)
     also = (" (and its model.trust_remote_code=true is not taken either: pass model.trust_remote_code=true too if "
             "you trust the folder)") if remote_code else ""
-    stored_fn = OmegaConf.select(cfg, "reward.fn")
-    if not any(key in ("reward", "reward.fn") for key in named) and not is_builtin(str(stored_fn)):
-        raise ConfigError(f"the run's config ({run_config}) names reward.fn={stored_fn}, code that ppo-eval does not "
-                          f"run from a run folder unless told to: pass reward.fn={stored_fn} on the command line to "
-                          f"trust it, or another reward.fn{also}")
+    for key in ("reward.fn", "eval.reward_fn"):  # the functions ppo-eval may call
+        stored_fn = OmegaConf.select(cfg, key)
+        if stored_fn is None or any(name in (key, key.partition(".")[0]) for name in named) or is_builtin(stored_fn):
+            continue
+        raise ConfigError(f"the run's config ({run_config}) names {key}={stored_fn}, code that ppo-eval does not "
+                          f"run from a run folder unless told to: pass {key}={stored_fn} on the command line to "
+                          f"trust it, or another {key}{also}")
     if remote_code:
         logger.warning("eval: the run's config sets model.trust_remote_code=true; ppo-eval does not take it from a "
                        "run folder (pass model.trust_remote_code=true to run the model folder's code)")
     for key in [*named, *NOT_FROM_RUN_FOLDER]:
         OmegaConf.update(cfg, key, OmegaConf.select(composed, key), merge=False)
     return validate_static(cfg)
+
+
+def validation_scorer(cfg: Any) -> Scorer:
+    """ppo-eval's scorer: eval.reward_fn, else reward.fn (a run trained on a reward model or server
+    alone is evaluated by the function its command line names)."""
+    key = "eval.reward_fn" if cfg.eval.reward_fn else "reward.fn"
+    scorer = build_scorer(OmegaConf.merge(cfg.reward, {"fn": OmegaConf.select(cfg, key)}), key)
+    if scorer is None:
+        raise ConfigError("ppo-eval scores with a reward function, and neither eval.reward_fn nor reward.fn names one "
+                          "(the run was trained on a reward model or server): pass eval.reward_fn=module:function")
+    return scorer
 
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
@@ -281,7 +295,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
         # the reward workers too (they start here, and write where the driver writes)
         with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose), \
-                closing(build_scorer(cfg.reward)) as scorer:
+                closing(validation_scorer(cfg)) as scorer:
             for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
                 numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
                 output_file = default_file if len(targets) == 1 else numbered

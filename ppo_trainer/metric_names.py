@@ -18,7 +18,7 @@ ALWAYS = (
 )
 # Names that depend on the data or the reward: validation per data_source, a reward's named extras.
 PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?accuracy/(mean|pass)@\d+"),
-            re.compile(r"reward/[^/]+/mean"))
+            re.compile(r"reward/([^/]+|remote/[^/]+)/mean"))
 
 
 def produced(cfg: Any, uses_reference: bool) -> set[str]:
@@ -48,6 +48,8 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names.add("reward/truncation_penalty")
     if r.overlong_buffer > 0:
         names.add("reward/overlong_penalty")
+    if cfg.reward.model.path:
+        names |= {"reward/model/std", "perf/reward_model/max_memory_allocated_gb"}
     if cfg.gae.kl_ctrl == "adaptive":
         names.add("kl_ctrl/skipped_updates")
     return names

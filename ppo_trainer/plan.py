@@ -12,10 +12,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config import batch_arithmetic, kl_in_reward, uses_reference
 from ppo_trainer.memory_plan import memory_plan
+from ppo_trainer.rewards.remote import url_problem
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
 from ppo_trainer.tracking import mask_secrets
-from ppo_trainer.workers.devices import auto_dtype, describe_placement, detect, local_device_count, plan_placement
+from ppo_trainer.workers.devices import (auto_dtype, describe_placement, detect, local_device_count, plan_placement,
+                                         roles_of)
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
@@ -34,6 +36,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"value head from {critic_head(cfg)})",
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
+        f"reward:    {reward_summary(cfg)}",
         f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
         f"data:      train from {describe_split(cfg.data, 'train')}; val from {describe_split(cfg.data, 'val')}",
         *algorithm_lines(cfg),
@@ -75,6 +78,21 @@ def critic_head(cfg: DictConfig) -> str:
         return f"? ({e})"
 
 
+def reward_summary(cfg: DictConfig) -> str:
+    """The training score's parts and validation's scorer, as the run combines them."""
+    r = cfg.reward
+    parts = [f"reward.fn {r.fn}"] if r.fn else []
+    if r.model.path:
+        device = "shares the actor's device" if cfg.devices.backend == "local" else "its own devices"
+        dtype = auto_dtype(detect(cfg.devices.accelerator).torch_device_type)[0] if r.model.dtype == "auto" else r.model.dtype
+        parts.append(f"{r.model.coef:g} x reward model {r.model.path} ({dtype}, {device}"
+                     + (", normalised" if r.model.normalize else "") + (f", clipped at {r.model.clip}" if r.model.clip else "") + ")")
+    if r.remote.url:
+        parts.append(f"{r.remote.coef:g} x reward server {r.remote.url}" + (" (normalised)" if r.remote.normalize else ""))
+    validation = cfg.eval.reward_fn or r.fn
+    return " + ".join(parts) + f"; validation accuracy by {validation or 'the training score (no reward function)'}"
+
+
 def dtype_summary(cfg: DictConfig) -> str:
     """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
     chosen, why = auto_dtype(detect(cfg.devices.accelerator).torch_device_type)
@@ -90,9 +108,10 @@ def placement_lines(cfg: DictConfig) -> list[str]:
     placement = plan_placement(cfg)
     accelerator = dev.accelerator + (f" -> {kind.name}" if dev.accelerator == "auto" else "")
     if dev.backend == "local":
+        roles = ", ".join(roles_of(cfg))
         return [f"backend: local (in this process), accelerator: {accelerator} (torch device "
                 f"{kind.torch_device_type}, torch.distributed {kind.dist_backend})",
-                *describe_placement(placement, kind)]
+                f"  {roles} share one {kind.torch_device_type} device in this process"]
     where = f"Ray cluster at {dev.ray.address}" if dev.ray.address else "local Ray cluster (127.0.0.1)"
     sharing = "colocated (roles share devices)" if dev.colocate else "separate pools per role"
     nodes = placement.num_nodes
@@ -126,8 +145,9 @@ def environment_problems(cfg: DictConfig) -> list[str]:
                  for path in cfg.data[key] if not Path(path).exists()]
     critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
     address = cfg.devices.ray.address if cfg.devices.backend == "ray" else None
-    others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg),
-              address and ray_address_problem(address))
+    reward_model = cfg.reward.model.path and model_path_problem(cfg.reward.model.path, "reward.model.path")
+    others = (model_path_problem(cfg.model.path, "model.path"), critic, reward_model, device_count_problem(cfg),
+              address and ray_address_problem(address), cfg.reward.remote.url and url_problem(cfg.reward.remote.url))
     return problems + [problem for problem in others if problem]
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer import checkpoint, resume, run_folder, watchdog
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import kl_in_reward, uses_reference
+from ppo_trainer.config import kl_in_reward, uses_ground_truth, uses_reference
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
@@ -28,7 +28,7 @@ from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_bat
                                   validation_seed)
 from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.math import EXTRACTORS
-from ppo_trainer.rewards.scoring import Scorer, build_scorer, reward_metrics
+from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
 from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
@@ -58,7 +58,8 @@ class Trainer:
     """Drives one PPO run; see the module docstring for the step."""
 
     def __init__(self, cfg: DictConfig, groups: dict[str, WorkerGroup], pad_id: int,
-                 train_records: list[PromptRecord], val_records: list[PromptRecord], scorer: Optional[Scorer] = None):
+                 train_records: list[PromptRecord], val_records: list[PromptRecord],
+                 scorers: Optional[tuple[CombinedScorer, Scorer]] = None):
         self.cfg = cfg
         self.groups = groups
         self.actor, self.critic, self.rollout = groups["actor"], groups["critic"], groups["rollout"]
@@ -67,7 +68,8 @@ class Trainer:
         self.output_dir = Path(cfg.trainer.output_dir)
         self.loader = prompt_loader(cfg, train_records)
         self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
-        self.scorer = build_scorer(cfg.reward) if scorer is None else scorer  # training and validation
+        # training's (reward.fn and the learned rewards) and validation's (eval.reward_fn, else reward.fn)
+        self.scorer, self.val_scorer = scorers or scorers_of(cfg, groups)
         g = cfg.gae
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
         self.uses_reference = uses_reference(cfg)
@@ -100,8 +102,9 @@ class Trainer:
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         if cfg.critic.path:
             check_critic_vocabulary(cfg.critic.path, tokenizer)
-        train_records = load_prompts(cfg.data, tokenizer, "train")
-        val_records = load_prompts(cfg.data, tokenizer, "val")
+        answers = uses_ground_truth(cfg)  # an RLHF dataset without answers trains on a reward model or server
+        train_records = load_prompts(cfg.data, tokenizer, "train", answers)
+        val_records = load_prompts(cfg.data, tokenizer, "val", answers)
         if resume_from is not None:
             resume.check_train_data(state, resume.data_fingerprint(train_records), changes, cfg)
             try:  # the saved position must fit the prompts (trainer.resume_allow may have let them change)
@@ -109,14 +112,17 @@ class Trainer:
             except ValueError as e:
                 raise checkpoint.CheckpointError(f"{resume_from}: the saved data position does not fit the training "
                                                  f"prompts ({e}); start over with trainer.resume=never") from None
-        scorer = build_scorer(cfg.reward)  # a bad reward.fn or signature fails here, before the models load
+        functions = function_scorers(cfg)  # a bad reward.fn or signature fails here, before the models load
         try:
             run_folder.write_config(output_dir, cfg)
             groups = build_groups(cfg)
         except BaseException:
-            scorer.close()
+            for scorer in functions:
+                if scorer is not None:
+                    scorer.close()
             raise
-        trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records, scorer)
+        trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records,
+                      scorers_of(cfg, groups, functions))
         if resume_from is not None:
             trainer.load(resume_from, state, rng, restore_kl=resume.restores_kl_controller(changes))
         return trainer
@@ -339,7 +345,7 @@ class Trainer:
 
         output_file = self.output_dir / "val_generations" / f"step_{self.step}.jsonl" if e.save_generations else None
         self.wake_rollout()
-        result = evaluate_records(generate, self.val_records, self.scorer, pad_id=self.pad_id, n=e.n,
+        result = evaluate_records(generate, self.val_records, self.val_scorer, pad_id=self.pad_id, n=e.n,
                                   seed=validation_seed(self.cfg.trainer.seed, self.step), limit=e.limit,
                                   batch_size=e.batch_size, extract=EXTRACTORS[r.mode], output_file=output_file)
         self.rollout.run_all("sleep")
@@ -354,7 +360,8 @@ class Trainer:
             self.critic.run_all("save", str(staging))
             state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                      "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
-                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data}
+                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data,
+                     "reward_norm": self.scorer.state_dict()}
             workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
             checkpoint.save_trainer_state(staging / "state", state,
                                           {"torch": torch.get_rng_state(), "workers": workers},
@@ -377,6 +384,7 @@ class Trainer:
         if restore_kl:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
+        self.scorer.load_state_dict(state.get("reward_norm", {}))
         for role, group in self.groups.items():  # after the loads: building and loading draw numbers too
             saved = rng.get("workers", {}).get(role)
             if saved is not None and len(saved) == len(group):
@@ -396,7 +404,8 @@ class Trainer:
         """Release the workers. After a stop by a signal a Ray cluster may be going down with the run
         (a scheduler signals Ray's processes too, and asking a dead one to kill each worker blocks
         until Ray gives up on it): Ray is disconnected at once instead."""
-        self.scorer.close()
+        for scorer in {id(s): s for s in (self.scorer, self.val_scorer)}.values():
+            scorer.close()
         if self._stop_requested is not None and self.cfg.devices.backend == "ray":
             from ppo_trainer.workers.ray_backend import disconnect
 
@@ -416,6 +425,27 @@ class StoppedBySignal(RuntimeError):
     def __init__(self, message: str, signum: signal.Signals):
         super().__init__(message)
         self.exit_code = 128 + int(signum)
+
+
+def function_scorers(cfg: DictConfig) -> tuple[Optional[Scorer], Optional[Scorer]]:
+    """(reward.fn's scorer, eval.reward_fn's), each None where its key is null."""
+    function = build_scorer(cfg.reward)
+    try:
+        return function, build_scorer(OmegaConf.merge(cfg.reward, {"fn": cfg.eval.reward_fn}), "eval.reward_fn")
+    except BaseException:
+        if function is not None:
+            function.close()
+        raise
+
+
+def scorers_of(cfg: DictConfig, groups: dict[str, WorkerGroup],
+               functions: Optional[tuple[Optional[Scorer], Optional[Scorer]]] = None) -> tuple[CombinedScorer, Scorer]:
+    """(training's scorer: reward.fn with the reward model and server; validation's: eval.reward_fn,
+    else reward.fn, else training's learned parts unnormalised), from `function_scorers` (made here
+    unless given)."""
+    function, validation = functions or function_scorers(cfg)
+    training = build_training_scorer(cfg, function, groups.get("reward_model"))
+    return training, validation or function or training.raw()
 
 
 def prompt_loader(cfg: DictConfig, train_records: list[PromptRecord]) -> PromptLoader:

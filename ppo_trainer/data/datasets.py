@@ -76,16 +76,19 @@ class ParsedRow:
     extra_info: Any
 
 
-def load_prompts(cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
+def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True) -> list[PromptRecord]:
     """The prompts of `split` ("train" or "val"), source after source (`read_split`); DataError
-    (one line) when they cannot be loaded."""
+    (one line) when they cannot be loaded. Without `require_answer` (no configured reward reads
+    one: `config.uses_ground_truth`) a row may lack the answer key: its ground truth is None."""
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")
-    return [record for source in read_split(cfg, split) for record in load_source(source, cfg, tokenizer, split)]
+    return [record for source in read_split(cfg, split)
+            for record in load_source(source, cfg, tokenizer, split, require_answer)]
 
 
-def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str) -> list[PromptRecord]:
+def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str,
+                require_answer: bool = True) -> list[PromptRecord]:
     """The records of one source: rows parsed and rendered (malformed ones per data.bad_rows),
     tokenized, prompts over data.max_prompt_length per data.overlong_prompts (counted per data_source)."""
     keys = source.keys or layout_keys(source.rows, cfg.prompt_key, cfg.answer_key)
@@ -95,7 +98,7 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str) 
         try:
             if row.error is not None:
                 raise ValueError(row.error)
-            parsed = parse_row(row.value, keys, cfg.source_key, source.default_source)
+            parsed = parse_row(row.value, keys, cfg.source_key, source.default_source, require_answer)
             turns = chat_messages(parsed.prompt, cfg)
             text = render_prompt(turns, tokenizer, cfg.use_chat_template, dict(cfg.chat_template_kwargs))
         except DataError:
@@ -258,14 +261,20 @@ def lookup(row: dict[str, Any], key: str) -> Any:
     return node
 
 
-def parse_row(row: Any, keys: tuple[str, str], source_key: str, default_source: str) -> ParsedRow:
-    """The prompt, ground truth (any value), data_source and extra_info of one row; ValueError says
-    what is wrong with it."""
+def parse_row(row: Any, keys: tuple[str, str], source_key: str, default_source: str,
+              require_answer: bool = True) -> ParsedRow:
+    """The prompt, ground truth (any value; None when absent and not `require_answer`), data_source
+    and extra_info of one row; ValueError says what is wrong with it."""
     prompt_key, answer_key = keys
     if not isinstance(row, dict):
         raise ValueError(f"expected an object with '{prompt_key}' and '{answer_key}', got {type(row).__name__}")
     prompt = check_prompt(lookup(row, prompt_key), prompt_key)
-    truth = lookup(row, answer_key)
+    try:
+        truth = lookup(row, answer_key)
+    except MissingKey:
+        if require_answer:
+            raise
+        truth = None
     try:
         source = lookup(row, source_key)
     except MissingKey:

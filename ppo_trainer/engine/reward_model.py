@@ -10,7 +10,6 @@ from typing import Any, Sequence
 
 import torch
 
-from ppo_trainer.batch import Batch
 from ppo_trainer.engine.distributed import resolve_device
 from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
@@ -69,6 +68,9 @@ class RewardModelEngine:
         else:
             question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
             ids = self.tokenizer(question, response)["input_ids"]
+        return self._fit(ids)
+
+    def _fit(self, ids: list[int]) -> list[int]:
         if self.max_length is not None and len(ids) > self.max_length:
             if not self._truncated_warned:
                 log.warning("reward model: a conversation of %d tokens is longer than the model's %d; its first "
@@ -77,13 +79,18 @@ class RewardModelEngine:
             ids = ids[-self.max_length :]
         return ids
 
+    def score_texts(self, messages: Sequence[Messages], responses: Sequence[str]) -> torch.Tensor:
+        """[B] float32 scores of B conversations: each prompt's chat turns, then its response."""
+        return self._score([self.token_ids(m, r) for m, r in zip(messages, responses)])
+
+    def score_plain(self, texts: Sequence[str]) -> torch.Tensor:
+        """[B] float32 scores of B texts taken as they are (a conversation someone else rendered)."""
+        return self._score([self._fit(self.tokenizer(text)["input_ids"]) for text in texts])
+
     @torch.no_grad()
-    def score(self, batch: Batch) -> torch.Tensor:
-        """[B] float32 scores of `batch`'s rows: `prompt_messages` then `response_text`."""
-        batch.require("prompt_messages", "response_text", user="the reward model")
-        rows = [self.token_ids(m, r) for m, r in zip(batch.prompt_messages, batch.response_text)]
+    def _score(self, rows: list[list[int]]) -> torch.Tensor:
         scores = torch.zeros(len(rows), dtype=torch.float32)
-        for group in token_budget_groups([len(r) for r in rows], self.token_budget):
+        for group in token_budget_groups([len(r) for r in rows], self.token_budget):  # padded: rows x longest
             width = max(len(rows[i]) for i in group)
             input_ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
             attention_mask = torch.zeros((len(group), width), dtype=torch.long)

@@ -53,6 +53,7 @@ class RewardInput:
     data_source: str
     extra_info: Any  # the record's extra_info, None when absent
     prompt: str  # the rendered prompt the model continued (chat template applied)
+    messages: Sequence[Mapping[str, Any]] = ()  # the prompt's chat turns (a reward model renders them its way)
 
 
 @dataclass(frozen=True)

@@ -15,24 +15,24 @@ def given_options(cfg: RewardConfig) -> dict[str, Any]:
     return {key: getattr(cfg, key) for key in OPTIONS if getattr(cfg, key) != getattr(RewardConfig, key)}
 
 
-def resolve(cfg: RewardConfig) -> tuple[Callable[..., Any], RewardSpec]:
-    """The function `cfg.fn` names and how to call it. A given option (`given_options`) goes to a
+def resolve(cfg: RewardConfig, key: str = "reward.fn") -> tuple[Callable[..., Any], RewardSpec]:
+    """The function `cfg.fn` (the config's `key`) names and how to call it. A given option (`given_options`) goes to a
     function that names it as a parameter; `reward.mode` or `reward.format_score` given to one that
     does not is a ConfigError (it would be ignored). `reward.correct_score` is also validation's
     threshold, so a function need not take it (`scoring.accuracy_rule`)."""
     try:
         fn = import_reward(cfg.fn)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"'reward.fn' is {cfg.fn!r}, but {e}") from None
+        raise ConfigError(f"'{key}' is {cfg.fn!r}, but {e}") from None
     given = given_options(cfg)
     try:
         calling = classify(fn, cfg.batched, given)
     except SignatureError as e:
-        raise ConfigError(f"'reward.fn' is {cfg.fn!r} (reward.batched={str(cfg.batched).lower()}), but {e}") from None
+        raise ConfigError(f"'{key}' is {cfg.fn!r} (reward.batched={str(cfg.batched).lower()}), but {e}") from None
     taken = dict(calling.options)
-    for key in ("mode", "format_score"):
-        if key in given and key not in taken:
-            raise ConfigError(f"'reward.{key}' is {given[key]!r}, but reward.fn {cfg.fn} has no '{key}' parameter, "
-                              f"so the value would be ignored; remove reward.{key} (reward.mode, format_score and "
+    for option in ("mode", "format_score"):
+        if option in given and option not in taken:
+            raise ConfigError(f"'reward.{option}' is {given[option]!r}, but {key} {cfg.fn} has no '{option}' parameter, "
+                              f"so the value would be ignored; remove reward.{option} (reward.mode, format_score and "
                               "correct_score are passed to a function that names them)")
     return fn, RewardSpec(absolute_ref(cfg.fn), calling)

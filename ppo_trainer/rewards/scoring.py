@@ -12,6 +12,7 @@ from ppo_trainer.config import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, Outcome, RewardError, RewardInput, call
 from ppo_trainer.rewards.loader import given_options, resolve
 from ppo_trainer.rewards.pool import WorkerPool
+from ppo_trainer.rewards.remote import RemoteRewardClient
 
 
 @dataclass
@@ -118,11 +119,13 @@ def failure_line(row: int, value: RewardInput, failure: Failure) -> str:
             "to score such rows 0")
 
 
-def build_scorer(cfg: RewardConfig) -> FunctionScorer:
+def build_scorer(cfg: RewardConfig, key: str = "reward.fn") -> Optional[FunctionScorer]:
     """The scorer of `reward.*`: the function `resolve`d, on `reward.num_workers` workers (0: in
-    this process) with calls bounded by `reward.timeout_s`. ConfigError for a bad reward.fn,
-    RewardError when the workers cannot load it."""
-    fn, spec = resolve(cfg)
+    this process) with calls bounded by `reward.timeout_s`; None when `cfg.fn` is null. ConfigError
+    for a bad reward.fn (`key` names it), RewardError when the workers cannot load it."""
+    if cfg.fn is None:
+        return None
+    fn, spec = resolve(cfg, key)
     pool = WorkerPool(spec, cfg.num_workers, cfg.timeout_s) if cfg.num_workers > 0 else None
     return FunctionScorer(fn, spec.calling, cfg.on_error, accuracy_rule(cfg, spec.calling), pool)
 
@@ -136,4 +139,160 @@ def reward_metrics(scores: Scores, cfg: RewardConfig) -> dict[str, float]:
         if cfg.timeout_s is not None:
             metrics["reward/timeouts"] = scores.timeouts
     metrics.update({f"reward/{name}/mean": mean for name, mean in scores.extra_means().items()})
+    if cfg.model.path:  # a learned reward's spread matters as much as its level
+        values = [extras["model"] for extras in scores.extras if isinstance(extras.get("model"), float)]
+        mean = sum(values) / len(values) if values else 0.0
+        metrics["reward/model/std"] = (sum((v - mean) ** 2 for v in values) / max(len(values), 1)) ** 0.5
     return metrics
+
+
+class RunningNorm:
+    """Scores standardised by the running mean and std of every score seen so far (this batch's
+    included: the first batch is standardised by itself), then clipped to [-clip, clip]: the scale
+    of a learned reward then leaves the PPO step size alone. Its statistics are part of the
+    checkpoint (`state_dict`), so a resumed run normalises as the uninterrupted one."""
+
+    def __init__(self, normalize: bool, clip: Optional[float]):
+        self.normalize, self.clip = normalize, clip
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0  # Welford's running sums
+
+    def __call__(self, values: Sequence[float]) -> list[float]:
+        out = list(values)
+        if self.normalize and out:
+            for x in out:
+                self.count += 1
+                delta = x - self.mean
+                self.mean += delta / self.count
+                self.m2 += delta * (x - self.mean)
+            std = (self.m2 / self.count) ** 0.5 if self.count > 1 else 0.0
+            out = [(x - self.mean) / (std + 1e-8) for x in out]
+        if self.clip is not None:
+            out = [min(max(x, -self.clip), self.clip) for x in out]
+        return out
+
+    def state_dict(self) -> dict[str, float]:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
+
+class RewardModelScorer:
+    """A reward model's scores: rows dealt in contiguous shares over the replicas of its worker group
+    (`engine.reward_model.RewardModelEngine.score_texts`: each renders a row in its own template)."""
+
+    accuracy = Accuracy()
+
+    def __init__(self, group: Any):
+        self.group = group
+
+    def score(self, rows: Sequence[RewardInput]) -> Scores:
+        replicas = len(self.group)
+        shares = [list(range(i * len(rows) // replicas, (i + 1) * len(rows) // replicas)) for i in range(replicas)]
+        results = self.group.run_each("score_texts", [([rows[i].messages for i in share],
+                                                       [rows[i].response for i in share]) for share in shares])
+        return Scores([float(v) for result in results for v in result], [{} for _ in rows])
+
+    def close(self) -> None:
+        """The group is the trainer's, closed with the others."""
+
+
+class RemoteScorer:
+    """A reward server's scores (`rewards/remote.py`); a row whose request failed goes through
+    reward.on_error like a function's failed row."""
+
+    accuracy = Accuracy()
+
+    def __init__(self, client: RemoteRewardClient, on_error: str):
+        self.client, self.on_error = client, on_error
+
+    def score(self, rows: Sequence[RewardInput]) -> Scores:
+        answer = self.client.score({"query": [r.prompt + r.response for r in rows], "prompts": [r.prompt for r in rows],
+                                    "labels": [r.ground_truth for r in rows],
+                                    "data_sources": [r.data_source for r in rows],
+                                    "extra_infos": [r.extra_info for r in rows], "messages": [r.messages for r in rows]})
+        scores = Scores([], [])
+        for row, (reward, failure) in enumerate(zip(answer.rewards, answer.failures)):
+            if failure is None:
+                scores.values.append(reward)
+                scores.extras.append({name: values[row] for name, values in answer.extras.items()})
+                continue
+            if self.on_error != "zero":
+                raise RewardError(f"reward.remote.url: row {row} was not scored: {failure}; check the server, or set "
+                                  "reward.on_error=zero to score such rows 0")
+            scores.values.append(0.0)
+            scores.extras.append({})
+            scores.errors += 1
+            scores.timeouts += failure.timed_out
+        return scores
+
+    def close(self) -> None:
+        """Nothing held between requests."""
+
+
+@dataclass
+class Part:
+    """A learned part of the training score: its scorer, weight and normalisation."""
+
+    name: str  # "model" or "remote": its raw scores are logged as reward/<name>/mean (and std)
+    scorer: Scorer
+    coef: float
+    norm: RunningNorm
+
+
+class CombinedScorer:
+    """The training score: reward.fn's score (if set) + reward.model.coef x the reward model's +
+    reward.remote.coef x the server's, the learned parts each normalised and clipped as configured.
+    Each row's extras gain the learned parts' raw scores under "model" and "remote" (names a
+    function's extras may not take). Validation accuracy follows the function, when there is one."""
+
+    def __init__(self, function: Optional[Scorer], parts: Sequence[Part]):
+        self.function, self.parts = function, list(parts)
+        self.accuracy = function.accuracy if function is not None else Accuracy()
+
+    def score(self, rows: Sequence[RewardInput]) -> Scores:
+        total = self.function.score(rows) if self.function is not None else Scores([0.0] * len(rows),
+                                                                                   [{} for _ in rows])
+        for part in self.parts:
+            raw = part.scorer.score(rows)
+            for row, (value, extras) in enumerate(zip(part.norm(raw.values), raw.extras)):
+                total.values[row] += part.coef * value
+                total.extras[row] = {**total.extras[row], part.name: raw.values[row],
+                                     **{f"{part.name}/{k}": v for k, v in extras.items()}}
+            total.errors += raw.errors
+            total.timeouts += raw.timeouts
+        return total
+
+    def raw(self) -> "CombinedScorer":
+        """The same parts without normalisation or clipping (validation's score when no function
+        judges: it must not move the running statistics training normalises by)."""
+        return CombinedScorer(self.function, [Part(p.name, p.scorer, p.coef, RunningNorm(False, None)) for p in self.parts])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {part.name: part.norm.state_dict() for part in self.parts}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for part in self.parts:
+            if part.name in state:
+                part.norm.load_state_dict(state[part.name])
+
+    def close(self) -> None:
+        for scorer in (self.function, *(part.scorer for part in self.parts)):
+            if scorer is not None:
+                scorer.close()
+
+
+def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: Any = None) -> CombinedScorer:
+    """reward.fn's scorer (`build_scorer`, None without a function) with the reward model (its
+    worker group) and the reward server of `cfg.reward`, as configured."""
+    r = cfg.reward
+    parts = []
+    if r.model.path:
+        parts.append(Part("model", RewardModelScorer(reward_model), r.model.coef, RunningNorm(r.model.normalize, r.model.clip)))
+    if r.remote.url:
+        client = RemoteRewardClient(r.remote.url, token=r.remote.token, batch_size=r.remote.batch_size,
+                                    concurrency=r.remote.concurrency, timeout_s=r.timeout_s or 60.0,
+                                    retries=r.remote.retries)
+        parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
+                          RunningNorm(r.remote.normalize, r.remote.clip)))
+    return CombinedScorer(function, parts)

@@ -21,6 +21,11 @@ DISTRIBUTED_ROLES = ("actor", "critic")  # FSDP: one process group per role; rol
 SHARED_POOL = "shared"
 
 
+def roles_of(cfg: DictConfig) -> tuple[str, ...]:
+    """The roles a run builds: actor, critic and rollout, and a reward model when reward.model.path names one."""
+    return (*ROLES, "reward_model") if cfg.reward.model.path else ROLES
+
+
 class PlacementError(RuntimeError):
     """The cluster cannot take the run (too small, or not reachable); the message names the config key
     and the numbers."""

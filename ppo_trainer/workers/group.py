@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from ppo_trainer import watchdog
 from ppo_trainer.batch import Batch
-from ppo_trainer.workers.devices import ROLES, DeviceKind, detect
+from ppo_trainer.workers.devices import DeviceKind, detect, roles_of
 from ppo_trainer.workers.roles import Worker, replica_seed
 
 
@@ -95,8 +95,8 @@ class WorkerGroup:
 
 
 def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, WorkerGroup]:
-    """The actor, critic and rollout groups of `cfg`, on `kind` (detected unless given). Local: built
-    in that order in this process. Ray: all roles start concurrently."""
+    """The groups of `roles_of(cfg)`, on `kind` (detected unless given). Local: built in that order in
+    this process. Ray: all roles start concurrently."""
     kind = kind or detect(cfg.devices.accelerator)
     if cfg.devices.backend == "ray":
         from ppo_trainer.workers.ray_backend import build_ray_groups
@@ -104,7 +104,7 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
         return {role: WorkerGroup(workers) for role, workers in build_ray_groups(cfg, kind).items()}
     timeout = cfg.trainer.worker_timeout_s
     groups = {}
-    for role in ROLES:  # building counts as a call: loading a model can hang too (a stuck download)
+    for role in roles_of(cfg):  # building counts as a call: loading a model can hang too (a stuck download)
         with watchdog.deadline(timeout, lambda: f"building the {role} worker took longer than "
                                                 f"trainer.worker_timeout_s={timeout:g} s; stopped"):
             worker = Worker(role, cfg, kind.torch_device_type)

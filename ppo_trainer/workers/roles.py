@@ -15,6 +15,7 @@ from ppo_trainer.checkpoint import write_manifest
 from ppo_trainer.config import batch_arithmetic, optimizer_steps, uses_reference
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
+from ppo_trainer.engine.reward_model import RewardModelEngine
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
 from ppo_trainer.workers.devices import DISTRIBUTED_ROLES, bound_cpu_kernel_caches, keep_freed_host_memory
@@ -59,11 +60,18 @@ def build_rollout(cfg: DictConfig, device: str) -> Sampler:
     )
 
 
+def build_reward_model(cfg: DictConfig, device: str) -> RewardModelEngine:
+    """The reward model (`reward.model.*`) on `device`, in its own dtype, tokenizer and chat template."""
+    r = cfg.reward.model
+    return RewardModelEngine(resolve_model_path(r.path), dtype=r.dtype, device=device,
+                             token_budget=cfg.algorithm.ppo_micro_batch_tokens, trust_remote_code=r.trust_remote_code)
+
+
 class WorkerError(RuntimeError):
     """A worker of a group failed or hung; the message names the role, the rank and its own error."""
 
 
-BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout}
+BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout, "reward_model": build_reward_model}
 
 
 class Worker:

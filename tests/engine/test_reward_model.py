@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_trainer.batch import Batch
 from ppo_trainer.engine.reward_model import RewardModelEngine, token_budget_groups
 from ppo_trainer.models.tiny import REWARD_DIGIT, build_tiny_reward_model, build_tiny_tokenizer
 
@@ -22,10 +21,8 @@ def reward_model_dir(tmp_path_factory) -> Path:
     return build_tiny_reward_model(tmp_path_factory.mktemp("tiny-reward"))
 
 
-def rows(n: int = len(RESPONSES)) -> Batch:
-    ids = torch.zeros(n, 1, dtype=torch.long)
-    return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.zeros_like(ids),
-                 prompt_messages=[PROMPTS[i % 2] for i in range(n)], response_text=RESPONSES[:n])
+def rows(n: int = len(RESPONSES)) -> tuple[list, list[str]]:
+    return [PROMPTS[i % 2] for i in range(n)], RESPONSES[:n]
 
 
 def plain_scores(folder: Path, dtype: torch.dtype) -> list[float]:
@@ -50,7 +47,7 @@ def test_scores_equal_a_plain_transformers_forward_of_the_rendered_text(reward_m
     Tolerance: float32 sums round at ~1e-6 of |score| <= 1; bfloat16 keeps 8 mantissa bits (2^-8)."""
     engine = RewardModelEngine(reward_model_dir, dtype=dtype, token_budget=64)
     expected = plain_scores(reward_model_dir, getattr(torch, dtype))
-    got = engine.score(rows())
+    got = engine.score_texts(*rows())
     tolerance = 1e-5 if dtype == "float32" else 2**-7
     assert got.dtype == torch.float32
     assert got.tolist() == pytest.approx(expected, abs=tolerance)
@@ -65,7 +62,7 @@ def test_the_reward_model_uses_its_own_tokenizer_not_the_policys(reward_model_di
     assert engine.tokenizer.convert_tokens_to_ids(REWARD_DIGIT) != policy.convert_tokens_to_ids(REWARD_DIGIT)
     ids = engine.token_ids(PROMPTS[0], "7")
     assert engine.tokenizer.decode(ids) == "What is 3 + 4?7"  # its own template: the turns' contents
-    assert engine.score(rows(3))[2].item() == pytest.approx(1.0, abs=1e-5)
+    assert engine.score_texts(*rows(3))[2].item() == pytest.approx(1.0, abs=1e-5)
 
 
 def test_a_tokenizer_without_a_chat_template_scores_the_question_answer_pair(reward_model_dir):
