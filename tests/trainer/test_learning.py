@@ -89,3 +89,23 @@ def test_tiny_model_learns_to_reverse_two_digits_rewarded_only_at_the_end(tmp_pa
     assert val[0] == 0.0, "no held-out string is reversed before training"
     assert val[-1] >= 0.8, f"greedy accuracy on the 12 held-out 2-digit strings every 10 steps: {val}"
     assert max(explained) > 0.5, f"the critic learns to predict the returns: {explained}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ppo_follows_a_learned_reward_from_chance(tmp_path, seed):
+    """PPO against a reward model (InstructGPT's setting): the tiny reward model built with hand-set
+    weights scores 1 exactly when the response's last character is "7" (its embedding feeds the
+    score head; models/tiny.py), so a one-token answer starts near 1 in the ~100 tokens. The
+    sampled mean score (the reward model's) must reach 0.8 within 300 steps; nothing else rewards."""
+    metrics = _run_digits(tmp_path, seed, ["data.digits.task=sum", "sampler.max_new_tokens=1", "reward.fn=null",
+                                           "reward.model.path=random:tiny-reward", "trainer.total_steps=300",
+                                           "trainer.val_every=50"])
+    scores = _series(metrics, "reward/model/mean")
+    assert sum(scores[:5]) / 5 < 0.1, f"sampled answers start near chance: {scores[:5]}"
+    reached = next((i + 1 for i, s in enumerate(scores) if s >= 0.8), None)
+    assert reached is not None, f"the reward model's mean score never reached 0.8: every 25th {scores[::25]}"
+    (tmp_path / "curve.json").write_text(json.dumps({"seed": seed, "reached_0.8_at_step": reached,
+                                                     "every_10th": scores[::10]}))
+    print(f"seed {seed}: reward model mean score >= 0.8 at step {reached}; every 10th step: "
+          + " ".join(f"{s:.2f}" for s in scores[::10]))
