@@ -96,7 +96,7 @@ def test_tiny_model_learns_to_reverse_two_digits_rewarded_only_at_the_end(tmp_pa
 def test_ppo_follows_a_learned_reward_from_chance(tmp_path, seed):
     """PPO against a reward model (InstructGPT's setting): the tiny reward model built with hand-set
     weights scores 1 exactly when the response's last character is "7" (its embedding feeds the
-    score head; models/tiny.py), so a one-token answer starts near 1 in the ~100 tokens. The
+    score head; models/tiny.py), so a one-token answer starts at chance, about 1 in 100 tokens. The
     sampled mean score (the reward model's) must reach 0.8 within 300 steps (150 are run: it took 16,
     both seeds, as measured); nothing else rewards."""
     metrics = _run_digits(tmp_path, seed, ["data.digits.task=sum", "sampler.max_new_tokens=1", "reward.fn=null",
