@@ -4,8 +4,10 @@ devices): a real run stops on the first before any model loads, a dry run lists 
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 from pathlib import Path
+from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -109,8 +111,20 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
     address = cfg.devices.ray.address if cfg.devices.backend == "ray" else None
     others = (model_path_problem(cfg.model.path, "model.path"), critic, device_count_problem(cfg),
-              address and ray_address_problem(address))
+              address and ray_address_problem(address), launcher_problem(os.environ))
     return problems + [problem for problem in others if problem]
+
+
+def launcher_problem(environ: Mapping[str, str]) -> str | None:
+    """A launcher that starts one process per rank (torchrun, a Kubeflow PyTorchJob) around ppo-train:
+    each copy would be a whole run of its own."""
+    world = environ.get("WORLD_SIZE", "").strip()
+    if not world.isdigit() or int(world) <= 1:
+        return None
+    return (f"WORLD_SIZE={world} and RANK={environ.get('RANK', '(unset)')} are set: a launcher (torchrun, a Kubeflow "
+            "PyTorchJob) started this command once per rank, but ppo-train is one driver that starts its own "
+            "workers (devices.backend=ray spreads them over devices and nodes); start it once, without such a "
+            "launcher, or unset WORLD_SIZE and RANK")
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:
