@@ -72,7 +72,7 @@ class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(
 
 @dataclass
 class VllmConfig:  # sampler=vllm only
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # only 1: an engine spanning several devices is not built (validate_static)
     gpu_memory_utilization: float = 0.5
     max_model_len: Optional[int] = None  # None: max_prompt_length + max_new_tokens
     enforce_eager: bool = False
@@ -241,6 +241,7 @@ class TrainerConfig:
     log_samples: int = 4  # samples per step written to samples.jsonl
     max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
     worker_timeout_s: float = 3600.0  # a worker call (a build, a phase, a save) running longer stops the run
+    collective_timeout_s: float = 600.0  # Ray: a rank waiting longer for its group's peers fails
     objective: str = "val/accuracy"  # metric returned to Hydra sweepers; checkpoints/best follows it
     objective_direction: str = "maximize"  # maximize | minimize: which objective value is best
     verbose: bool = False  # show the engines' output on the console (else it goes to <output_dir>/engine.log)
@@ -404,14 +405,14 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _lower_bound(cfg, ">=", 0, "model.optim.warmup_steps", "critic.warmup_steps", "gae.kl_coef",
                  "algorithm.entropy_coef", "algorithm.critic_warmup", "algorithm.kl_loss_coef", "trainer.val_every",
                  "trainer.save_every", "trainer.log_samples", "model.optim.weight_decay", "critic.weight_decay")
-    _lower_bound(cfg, ">=", 1, "sampler.n", "sampler.max_new_tokens", "sampler.vllm.tensor_parallel_size",
-                 "sampler.generate_batch_size", "model.logprob_chunk_tokens", "data.train_batch_size",
-                 "data.max_prompt_length", "data.arithmetic.train_size", "data.arithmetic.val_size",
-                 "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size", "devices.devices_per_node",
+    _lower_bound(cfg, ">=", 1, "sampler.n", "sampler.max_new_tokens", "sampler.generate_batch_size",
+                 "model.logprob_chunk_tokens", "data.train_batch_size", "data.max_prompt_length",
+                 "data.arithmetic.train_size", "data.arithmetic.val_size", "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size", "devices.devices_per_node",
                  "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps", "eval.max_new_tokens",
                  *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
-    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "model.optim.lr", "model.optim.eps", "critic.lr",
-                 "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
+    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "trainer.collective_timeout_s", "model.optim.lr",
+                 "model.optim.eps", "critic.lr", "sampler.vllm.cpu_kv_cache_gb", "gae.adaptive_alpha", "gae.kl_target",
+                 "gae.kl_horizon")
     _require(dev.ray.num_cpus is None or dev.ray.num_cpus >= 1, "devices.ray.num_cpus",
              f"must be >= 1, or null for this machine's cores, got {dev.ray.num_cpus}")
     _require(bool(re.fullmatch(r"[\w.-]+", t.experiment_name)), "trainer.experiment_name",
@@ -517,8 +518,10 @@ def validate_static(cfg: DictConfig) -> DictConfig:
             _require(dev[role].num_devices == 1, f"devices.{role}.num_devices",
                      f"is {dev[role].num_devices}, but devices.backend=local runs one process on one device; "
                      "use devices.backend=ray for more")
-    _require(dev.rollout.num_devices % s.vllm.tensor_parallel_size == 0, "sampler.vllm.tensor_parallel_size",
-             f"({s.vllm.tensor_parallel_size}) must divide devices.rollout.num_devices ({dev.rollout.num_devices})")
+    _require(s.vllm.tensor_parallel_size == 1, "sampler.vllm.tensor_parallel_size",
+             f"is {s.vllm.tensor_parallel_size}, but a rollout engine spanning several devices (tensor parallelism) "
+             "is not built: each rollout replica is one vLLM engine on one device. Use 1 with a model whose weights "
+             "and KV cache fit one device, and devices.rollout.num_devices replicas for throughput")
     return cfg
 
 

@@ -66,14 +66,14 @@ class VllmSampler:
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
 
         kwargs: dict[str, Any] = dict(
-            model=str(model_dir), dtype=dtype, seed=seed, tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=max_model_len, enforce_eager=v.enforce_eager,
+            model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=v.enforce_eager,
             # logprobs after temperature / top-k / top-p: under the policy the token was sampled from
             logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
             generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
             trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
+            distributed_executor_backend="uni",  # one engine on one device (sampler.vllm.tensor_parallel_size=1)
         )
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(v.cpu_kv_cache_gb * 2**30)
@@ -86,8 +86,6 @@ class VllmSampler:
             kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(config.get("max_position_embeddings", 0)))
         else:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization
-        if v.tensor_parallel_size == 1:
-            kwargs["distributed_executor_backend"] = "uni"
 
         set_env = "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process
@@ -97,7 +95,7 @@ class VllmSampler:
             from vllm import envs
 
             # the engine core and its one worker live in this process: weights are handed over as tensors
-            self._worker_in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING and v.tensor_parallel_size == 1
+            self._worker_in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING
             self.llm = vllm.LLM(**kwargs)
         finally:
             if set_env:
