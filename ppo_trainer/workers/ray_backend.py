@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import ray
-import torch
 import ray._private.ray_constants as ray_constants
+import torch
 from omegaconf import DictConfig, OmegaConf
 from ray._private.state import available_resources_per_node
 from ray.exceptions import RayActorError, RayTaskError
@@ -352,7 +352,7 @@ def worker_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
-def check_nodes(cfg: DictConfig, workers: dict[str, RayWorkers]) -> None:
+def check_workers(cfg: DictConfig, workers: dict[str, RayWorkers]) -> None:
     """ClusterMismatch (one line) unless every worker has the driver's versions of `packages_for(cfg)`,
     sees and can write the output folder the driver sees, and can load the model, before any model loads."""
     folder = Path(os.path.abspath(cfg.trainer.output_dir))
@@ -367,7 +367,7 @@ def check_nodes(cfg: DictConfig, workers: dict[str, RayWorkers]) -> None:
 
 def build_ray_groups(cfg: DictConfig, kind: DeviceKind) -> dict[str, RayWorkers]:
     """Every role's workers on `kind`, per `plan_placement(cfg)`, once the plan fits and every node
-    passed `check_nodes`; the roles join their groups and build concurrently."""
+    passed `check_workers`; the roles join their groups and build concurrently."""
     placement = plan_placement(cfg)
     start_ray(cfg, kind)
     node_ids = fit_on_cluster(placement, kind, cfg.devices.ray.address)
@@ -379,7 +379,7 @@ def build_ray_groups(cfg: DictConfig, kind: DeviceKind) -> dict[str, RayWorkers]
             pools[pool.name] = PlacementPool(pool, kind, node_ids)
         for role, role_placement in placement.roles.items():
             workers[role] = RayWorkers(built, role, kind, role_placement, pools[role_placement.pool])
-        check_nodes(cfg, workers)
+        check_workers(cfg, workers)
         for w in workers.values():
             w.start(built)
         for w in workers.values():

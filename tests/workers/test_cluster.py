@@ -115,7 +115,8 @@ def test_gloo_takes_the_interface_holding_the_address_that_reaches_the_rendezvou
 
 
 def test_a_loopback_rendezvous_sets_gloo_on_lo_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # restored (unset) after the test, whatever the test sets
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     assert choose_gloo_interface("127.0.0.1") == "gloo on lo (127.0.0.1)"
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ens5")
