@@ -59,6 +59,10 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
                 Path(cfg.trainer.output_dir, "plan.txt").write_text(plan + "\n")
             else:
                 _remove_if_empty(Path(hydra_cfg.runtime.output_dir))
+                if cfg.devices.backend == "ray" and cfg.devices.ray.address:
+                    from ppo_trainer.workers.cluster_check import run_check
+
+                    run_check(cfg)  # the cluster this run would join, checked (docs/cluster.md)
             return None
         if problems:
             raise ConfigError(problems[0])
@@ -95,7 +99,7 @@ def _exit(what: str, error: BaseException, code: int) -> NoReturn:
 # Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
 _INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
                  ("ppo_trainer.checkpoint", "CheckpointError"), ("ppo_trainer.run_folder", "OutputDirBusy"),
-                 ("ppo_trainer.workers.devices", "PlacementError"))
+                 ("ppo_trainer.workers.devices", "PlacementError"), ("ppo_trainer.workers.cluster", "ClusterMismatch"))
 _RUN_ERRORS = (("ppo_trainer.rewards.calling", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
                ("ppo_trainer.trainer", "StoppedBySignal"),
                ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))

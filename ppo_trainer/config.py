@@ -72,7 +72,7 @@ class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(
 
 @dataclass
 class VllmConfig:  # sampler=vllm only
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # only 1: an engine spanning several devices is not built (validate_static)
     gpu_memory_utilization: Optional[float] = None  # share of a GPU for vLLM's weights and KV cache; None: 0.5
     max_model_len: Optional[int] = None  # None: max_prompt_length + max_new_tokens
     enforce_eager: bool = False
@@ -155,6 +155,7 @@ class DevicesConfig:
     actor: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)
     critic: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)
     rollout: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)
+    reward_model: DeviceRoleConfig = field(default_factory=DeviceRoleConfig)  # with reward.model.path
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -277,6 +278,7 @@ class TrainerConfig:
     log_samples: int = 4  # samples per step written to samples.jsonl
     max_skipped_steps: int = 3  # consecutive non-finite updates before the run stops
     worker_timeout_s: float = 3600.0  # a worker call (a build, a phase, a save) running longer stops the run
+    collective_timeout_s: float = 600.0  # Ray: a rank waiting longer for its group's peers fails
     objective: str = "val/accuracy"  # metric returned to Hydra sweepers; checkpoints/best follows it
     objective_direction: str = "maximize"  # maximize | minimize: which objective value is best
     verbose: bool = False  # show the engines' output on the console (else it goes to <output_dir>/engine.log)
@@ -446,13 +448,12 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _lower_bound(cfg, ">=", 0, "model.optim.warmup_steps", "critic.warmup_steps", "gae.kl_coef",
                  "algorithm.entropy_coef", "algorithm.critic_warmup", "algorithm.kl_loss_coef", "trainer.val_every",
                  "trainer.save_every", "trainer.log_samples", "model.optim.weight_decay", "critic.weight_decay")
-    _lower_bound(cfg, ">=", 1, "sampler.n", "sampler.max_new_tokens", "sampler.vllm.tensor_parallel_size",
-                 "sampler.generate_batch_size", "model.logprob_chunk_tokens", "data.train_batch_size",
-                 "data.max_prompt_length", "data.arithmetic.train_size", "data.arithmetic.val_size",
-                 "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size", "devices.devices_per_node",
+    _lower_bound(cfg, ">=", 1, "sampler.n", "sampler.max_new_tokens", "sampler.generate_batch_size",
+                 "model.logprob_chunk_tokens", "data.train_batch_size", "data.max_prompt_length",
+                 "data.arithmetic.train_size", "data.arithmetic.val_size", "algorithm.ppo_epochs", "algorithm.ppo_mini_batch_size", "devices.devices_per_node",
                  "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps", "eval.max_new_tokens",
-                 *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout")))
-    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "sampler.sync_bucket_mb", "model.optim.lr", "model.optim.eps", "critic.lr",
+                 *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout", "reward_model")))
+    _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "trainer.collective_timeout_s", "sampler.sync_bucket_mb", "model.optim.lr", "model.optim.eps", "critic.lr",
                  "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
     v = s.vllm
     _require(v.kv_cache_gb is None or v.kv_cache_gb > 0, "sampler.vllm.kv_cache_gb", f"must be > 0, got {v.kv_cache_gb}")
@@ -562,12 +563,14 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _reward_checks(cfg)
 
     if dev.backend == "local":
-        for role in ("actor", "critic", "rollout"):
+        for role in ("actor", "critic", "rollout", "reward_model"):
             _require(dev[role].num_devices == 1, f"devices.{role}.num_devices",
                      f"is {dev[role].num_devices}, but devices.backend=local runs one process on one device; "
                      "use devices.backend=ray for more")
-    _require(dev.rollout.num_devices % s.vllm.tensor_parallel_size == 0, "sampler.vllm.tensor_parallel_size",
-             f"({s.vllm.tensor_parallel_size}) must divide devices.rollout.num_devices ({dev.rollout.num_devices})")
+    _require(s.vllm.tensor_parallel_size == 1, "sampler.vllm.tensor_parallel_size",
+             f"is {s.vllm.tensor_parallel_size}, but a rollout engine spanning several devices (tensor parallelism) "
+             "is not built: each rollout replica is one vLLM engine on one device. Use 1 with a model whose weights "
+             "and KV cache fit one device, and devices.rollout.num_devices replicas for throughput")
     return cfg
 
 
@@ -584,9 +587,6 @@ def _reward_checks(cfg: DictConfig) -> None:
     for part in ("model", "remote"):
         _require(r[part].clip is None or r[part].clip > 0, f"reward.{part}.clip", f"must be > 0, or null, got {r[part].clip}")
     _lower_bound(cfg, ">=", 1, "reward.remote.batch_size", "reward.remote.concurrency")
-    _require(not (r.model.path and cfg.devices.backend == "ray"), "reward.model.path",
-             "is set with devices.backend=ray, where the reward model role is not placed yet; use devices.backend=local "
-             "or a reward server (reward.remote.url, e.g. ppo-serve-reward --model ...)")
     _lower_bound(cfg, ">=", 0, "reward.remote.retries")
     _lower_bound(cfg, ">=", 0, "reward.num_workers", "reward.truncation_penalty", "reward.overlong_buffer")
     _lower_bound(cfg, ">", 0, "reward.overlong_penalty")

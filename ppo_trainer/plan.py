@@ -7,6 +7,7 @@ import importlib.util
 import os
 import socket
 from pathlib import Path
+from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -147,8 +148,21 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     address = cfg.devices.ray.address if cfg.devices.backend == "ray" else None
     reward_model = cfg.reward.model.path and model_path_problem(cfg.reward.model.path, "reward.model.path")
     others = (model_path_problem(cfg.model.path, "model.path"), critic, reward_model, device_count_problem(cfg),
-              address and ray_address_problem(address), cfg.reward.remote.url and url_problem(cfg.reward.remote.url))
+              address and ray_address_problem(address), cfg.reward.remote.url and url_problem(cfg.reward.remote.url),
+              launcher_problem(os.environ))
     return problems + [problem for problem in others if problem]
+
+
+def launcher_problem(environ: Mapping[str, str]) -> str | None:
+    """A launcher that starts one process per rank (torchrun, a Kubeflow PyTorchJob) around ppo-train:
+    each copy would be a whole run of its own."""
+    world = environ.get("WORLD_SIZE", "").strip()
+    if not world.isdigit() or int(world) <= 1:
+        return None
+    return (f"WORLD_SIZE={world} and RANK={environ.get('RANK', '(unset)')} are set: a launcher (torchrun, a Kubeflow "
+            "PyTorchJob) started this command once per rank, but ppo-train is one driver that starts its own "
+            "workers (devices.backend=ray spreads them over devices and nodes); start it once, without such a "
+            "launcher, or unset WORLD_SIZE and RANK")
 
 
 def device_count_problem(cfg: DictConfig) -> str | None:

@@ -30,6 +30,7 @@ from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
+from ppo_trainer.workers.cluster import remove_marker, write_marker
 from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import WorkerError
@@ -353,11 +354,14 @@ class Trainer:
 
     def save(self, best: bool = False) -> Path:
         """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
-        with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step."""
+        with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step; a
+        worker that does not see the staged folder (its marker) stops the save before anything is written."""
         try:
             staging = checkpoint.begin(self.output_dir, self.step)
-            self.actor.run_all("save", str(staging))
-            self.critic.run_all("save", str(staging))
+            marker = write_marker(staging)
+            self.actor.run_all("save", str(staging), marker)
+            self.critic.run_all("save", str(staging), marker)
+            remove_marker(staging)
             state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                      "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
                      "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data,

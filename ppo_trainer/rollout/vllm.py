@@ -66,14 +66,14 @@ class VllmSampler:
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
 
         kwargs: dict[str, Any] = dict(
-            model=str(model_dir), dtype=dtype, seed=seed, tensor_parallel_size=v.tensor_parallel_size,
-            max_model_len=max_model_len, enforce_eager=v.enforce_eager,
+            model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=v.enforce_eager,
             # logprobs after temperature / top-k / top-p: under the policy the token was sampled from
             logprobs_mode="processed_logprobs",
             # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
             # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
             generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
             trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
+            distributed_executor_backend="uni",  # one engine on one device (sampler.vllm.tensor_parallel_size=1)
         )
         if on_cpu:
             # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
@@ -87,8 +87,6 @@ class VllmSampler:
             kwargs["kv_cache_memory_bytes"] = int((v.kv_cache_gb or 1.0) * 2**30)
         else:
             kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization or 0.5
-        if v.tensor_parallel_size == 1:
-            kwargs["distributed_executor_backend"] = "uni"
 
         set_env = "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process
@@ -98,7 +96,7 @@ class VllmSampler:
             from vllm import envs
 
             # the engine core and its one worker live in this process: weights are handed over as tensors
-            self._worker_in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING and v.tensor_parallel_size == 1
+            self._worker_in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING
             self.llm = vllm.LLM(**kwargs)
         finally:
             if set_env:

@@ -245,22 +245,23 @@ def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple
 
 
 def plan_placement(cfg: DictConfig) -> Placement:
-    """Every role's devices from the `devices` config alone. Local: one shared device. Ray: the actor's,
-    critic's, rollout's pools first fit, or (colocated) one pool of max(num_devices) shared."""
+    """Every role's devices (`roles_of`) from the `devices` config alone. Local: one shared device.
+    Ray: each role's pool first fit, or (colocated) one pool of max(num_devices) shared."""
     dev = cfg.devices
-    counts = {role: int(dev[role].num_devices) for role in ROLES}
+    names = roles_of(cfg)
+    counts = {role: int(dev[role].num_devices) for role in names}
     per_node = int(dev.devices_per_node)
     if dev.backend == "local":
-        roles = {r: RolePlacement(SHARED_POOL, ((0, 0),), 1.0) for r in ROLES}
-        return Placement("local", per_node, (Pool(SHARED_POOL, ROLES, ((0, 0),)),), roles)
+        roles = {r: RolePlacement(SHARED_POOL, ((0, 0),), 1.0) for r in names}
+        return Placement("local", per_node, (Pool(SHARED_POOL, names, ((0, 0),)),), roles)
     free: list[int] = []
     if dev.colocate:
         slots = tuple(_first_fit(free, max(counts.values()), per_node))
-        pools: tuple[Pool, ...] = (Pool(SHARED_POOL, ROLES, slots),)
-        share = math.floor(100 / len(ROLES)) / 100  # 1/n rounded down to 0.01, so the n roles fit in one device
-        roles = {r: RolePlacement(SHARED_POOL, slots[: counts[r]], share) for r in ROLES}
+        pools: tuple[Pool, ...] = (Pool(SHARED_POOL, names, slots),)
+        share = math.floor(100 / len(names)) / 100  # 1/n rounded down to 0.01, so the n roles fit in one device
+        roles = {r: RolePlacement(SHARED_POOL, slots[: counts[r]], share) for r in names}
     else:
-        pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in ROLES)
+        pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in names)
         roles = {p.name: RolePlacement(p.name, p.slots, 1.0) for p in pools}
     return Placement("ray", per_node, pools, roles)
 
@@ -294,7 +295,7 @@ def worker_resources(kind: DeviceKind, share: float) -> dict[str, float]:
 def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
     """Dry-run lines: each pool's devices per node and placement group, each role's ranks."""
     if placement.backend == "local":
-        return [f"  actor, critic, rollout share one {kind.torch_device_type} device in this process"]
+        return [f"  {', '.join(placement.pools[0].roles)} share one {kind.torch_device_type} device in this process"]
     lines = []
     spec = format_resources(bundle_spec(kind))
     for p in placement.pools:

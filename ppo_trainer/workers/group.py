@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from ppo_trainer import watchdog
 from ppo_trainer.batch import Batch
+from ppo_trainer.engine.distributed import init_one_rank
 from ppo_trainer.workers.devices import DeviceKind, detect, roles_of
 from ppo_trainer.workers.roles import Worker, replica_seed
 
@@ -103,6 +104,7 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
 
         return {role: WorkerGroup(workers) for role, workers in build_ray_groups(cfg, kind).items()}
     timeout = cfg.trainer.worker_timeout_s
+    init_one_rank(torch.device(kind.torch_device_type))  # every role in this process: no peers to wait for
     groups = {}
     for role in roles_of(cfg):  # building counts as a call: loading a model can hang too (a stuck download)
         with watchdog.deadline(timeout, lambda: f"building the {role} worker took longer than "

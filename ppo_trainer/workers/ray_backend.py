@@ -1,26 +1,34 @@
 """The Ray backend of `WorkerGroup`: one Ray actor per rank, in one placement group per pool
-(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created)."""
+(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created).
+Before any model loads, every worker reports its node (`cluster.node_report`: versions, the output
+folder, the model) and the distributed roles join their process groups (`WorkerHost.join_group`)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
-import socket
 import time
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import ray
 import ray._private.ray_constants as ray_constants
-from omegaconf import DictConfig
+import torch
+from omegaconf import DictConfig, OmegaConf
 from ray._private.state import available_resources_per_node
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ppo_trainer.workers.devices import (DISTRIBUTED_ROLES, ROLES, ClusterNode, DeviceKind, Placement, PlacementError,
-                                         Pool, RolePlacement, assign_nodes, bundle_spec, detect, format_resources,
+from ppo_trainer.engine.distributed import join_group, open_store_listener, resolve_device
+from ppo_trainer.workers.cluster import (NodeReport, check_reports, model_paths, node_report, package_versions,
+                                         packages_for, remove_marker, write_marker)
+from ppo_trainer.workers.devices import (DISTRIBUTED_ROLES, ClusterNode, DeviceKind, Placement, PlacementError, Pool,
+                                         RolePlacement, assign_nodes, bundle_spec, detect, format_resources,
                                          plan_placement, ray_init_kwargs, worker_resources)
+from ppo_trainer.workers.network import choose_gloo_interface
 from ppo_trainer.workers.roles import WorkerError
 
 log = logging.getLogger("ppo_trainer")
@@ -31,6 +39,8 @@ FAILURE_GRACE_S = 3.0  # after a first failure, how long to wait for the failing
 # Errors a rank reports when a peer of its process group went away: never the root cause.
 PEER_ERROR_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                       "remote process exited", "socket closed")
+# How gloo, NCCL and the TCP store say that a collective or the rendezvous ran out of time.
+TIMEOUT_MARKERS = ("timed out", "timeout")
 
 
 def bind_loopback() -> None:
@@ -112,12 +122,13 @@ class PlacementPool:
 
 
 class WorkerHost:
-    """The body of one Ray actor: one `roles.Worker` for one rank. Built in two steps (start, then
-    `build`) so that every rank of a process group runs before any blocks in the rendezvous."""
+    """The body of one Ray actor: one `roles.Worker` for one rank. Started bare, so that every rank
+    reports its node (`report`) and joins its process group (`join_group`) before any builds (`build`)."""
 
     def __init__(self, role: str, rank: int, kind: DeviceKind):
         self.role, self.rank, self.kind = role, rank, kind
         self.worker: Any = None
+        self.listen_fd: Optional[int] = None  # rank 0: the socket its group's TCP store serves on
 
     def device_index(self) -> int:
         """Index, among the devices this process sees, of the device Ray assigned to it."""
@@ -128,25 +139,53 @@ class WorkerHost:
         order = [v.strip() for v in visible.split(",")]
         return order.index(ids[0]) if ids[0] in order else 0
 
-    def rendezvous(self) -> tuple[str, int]:
-        """(address, free port) of this node for the process group's store (rank 0 only)."""
-        address = ray.util.get_node_ip_address()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((address, 0))
-            return address, s.getsockname()[1]
+    def device(self) -> str:
+        """The torch device of this rank: "cpu", or the one accelerator Ray assigned ("cuda:0")."""
+        device_type = self.kind.torch_device_type
+        return device_type if device_type == "cpu" else f"{device_type}:{self.device_index()}"
 
-    def build(self, cfg: DictConfig, rendezvous: Optional[tuple[str, int]], world_size: int) -> None:
+    def report(self, folder: str, token: str, packages: Sequence[str], models: dict[str, str]) -> NodeReport:
+        """`cluster.node_report` of this worker's node: versions, the shared folder, the models."""
+        return node_report(folder, token, packages, models)
+
+    def placed(self) -> dict[str, Any]:
+        """Where Ray put this process: its node id and the ids of the devices it was given."""
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(),
+                "device_ids": context.get_accelerator_ids().get(self.kind.ray_resource, [])}
+
+    def rendezvous(self) -> tuple[str, int]:
+        """(address, port) of the group's TCP store (rank 0 only): a socket on this node's Ray address,
+        which every node reaches, held open for `join_group`."""
+        address = ray.util.get_node_ip_address()
+        self.listen_fd, port = open_store_listener(address)
+        return address, port
+
+    def join_group(self, store: tuple[str, int], world_size: int, timeout_s: float) -> str:
+        """Join the role's process group (`distributed.join_group`), gloo on the interface that
+        reaches `store`; returns that choice ("gloo on eth0 (10.0.0.7)")."""
+        interface = choose_gloo_interface(store[0])
+        join_group(torch.device(self.device()), self.rank, world_size, store, timeout_s, self.listen_fd)
+        return interface
+
+    def round_trip(self) -> float:
+        """Seconds of one all_reduce over the group of a CPU tensor (gloo) and, on an accelerator, of a
+        device tensor (nccl, hccl): what the check of a pool measures. Each rank contributes 1."""
+        import torch.distributed as dist
+
+        device = resolve_device(self.device())
+        start = time.perf_counter()
+        for where in dict.fromkeys((torch.device("cpu"), device)):
+            total = torch.ones(1, device=where)
+            dist.all_reduce(total)
+            if int(total.item()) != dist.get_world_size():
+                raise RuntimeError(f"all_reduce on {where} summed to {total.item():g}, not {dist.get_world_size()}")
+        return time.perf_counter() - start
+
+    def build(self, cfg: DictConfig) -> None:
         from ppo_trainer.workers.roles import Worker
 
-        index = self.device_index()
-        if rendezvous is not None:
-            address, port = rendezvous
-            os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank),
-                              WORLD_SIZE=str(world_size), LOCAL_RANK=str(index))
-            if address.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
-                os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo would otherwise pick the hostname's interface
-        device_type = self.kind.torch_device_type
-        self.worker = Worker(self.role, cfg, device_type if device_type == "cpu" else f"{device_type}:{index}")
+        self.worker = Worker(self.role, cfg, self.device())
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.worker.call(method, *args, **kwargs)
@@ -185,18 +224,20 @@ def root_cause(errors: Sequence[str]) -> int:
 
 
 class RayWorkers:
-    """The workers of one role on Ray: the constructor launches the builds, `ready` waits for them.
+    """The workers of one role on Ray: the constructor starts bare processes; `report` checks their
+    nodes, `start` joins the role's process group and launches the builds, `ready` waits for them.
     A call `ray.put`s each distinct argument once (one state dict for all rollout replicas)."""
 
     def __init__(self, cfg: DictConfig, role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool):
         self.role = role
         self.timeout_s = cfg.trainer.worker_timeout_s
+        self.collective_timeout_s = cfg.trainer.collective_timeout_s
         self.distributed = role in DISTRIBUTED_ROLES
         self.pool: Optional[PlacementPool] = pool.acquire()
         self.failure: Optional[str] = None
         self.hosts = spawn_hosts(role, kind, placement, pool)
-        rendezvous = self.hosts[0].rendezvous.remote() if self.distributed else None
-        self.starting = [h.build.remote(cfg, rendezvous, placement.world_size) for h in self.hosts]
+        self.starting: list[Any] = []
+        self.grouped = False  # the ranks joined a process group (`join`): a timeout may be a collective's
 
     def __len__(self) -> int:
         return len(self.hosts)
@@ -204,6 +245,28 @@ class RayWorkers:
     def receivers(self) -> list[Any]:
         """The Ray actors (`WorkerHost`) of the role, for direct calls from another role's worker."""
         return list(self.hosts)
+
+    def on_hosts(self, what: str, method: str, *args: Any) -> list[Any]:
+        """`WorkerHost.<method>(*args)` of every rank (the process itself, not its worker), by rank;
+        failures and timeouts as for any call (`_gather`), `what` naming the step."""
+        return self._gather([getattr(h, method).remote(*args) for h in self.hosts], what)
+
+    def report(self, folder: str, token: str, packages: Sequence[str], models: dict[str, str]) -> list[NodeReport]:
+        """Every rank's `WorkerHost.report`."""
+        return self.on_hosts("its start check", "report", folder, token, packages, models)
+
+    def join(self) -> list[str]:
+        """Join the role's process group on every rank (rank 0 serves its store); each rank's interface."""
+        store = self._gather([self.hosts[0].rendezvous.remote()], "its rendezvous")[0]
+        self.grouped = True
+        return self.on_hosts("joining its process group", "join_group", store, len(self.hosts),
+                             self.collective_timeout_s)
+
+    def start(self, cfg: DictConfig) -> None:
+        """Join the process group (distributed roles), then launch every rank's build."""
+        if self.distributed:
+            self.join()
+        self.starting = [h.build.remote(cfg) for h in self.hosts]
 
     def ready(self) -> None:
         """Wait until every rank has built its worker."""
@@ -262,6 +325,10 @@ class RayWorkers:
         (rank, error), others = failures[chosen], len(texts) - 1
         message = (f"{self.role} worker rank {rank} of {len(self.hosts)} failed in {what}: {texts[chosen]}"
                    + (f" ({others} other rank{'s' if others > 1 else ''} failed too)" if others else ""))
+        if self.grouped and any(marker in texts[chosen].lower() for marker in TIMEOUT_MARKERS):
+            message += (f"; the {self.role} group's collectives wait at most trainer.collective_timeout_s="
+                        f"{self.collective_timeout_s:g} s for a peer rank: one stopped or cannot reach this one "
+                        f"(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME: docs/cluster.md)")
         if self.distributed and len(self.hosts) > 1:
             self.failure = message  # the other ranks may be stuck in a collective: stop them
             self._kill()
@@ -281,23 +348,44 @@ class RayWorkers:
             self.pool = None
 
 
+def worker_config(cfg: DictConfig) -> DictConfig:
+    """`cfg` as workers get it: model paths made absolute against the driver's folder (`cluster.model_paths`)."""
+    out = copy.deepcopy(cfg)
+    for key, path in model_paths(cfg).items():
+        OmegaConf.update(out, key, path)
+    return out
+
+
+def check_workers(cfg: DictConfig, workers: dict[str, RayWorkers]) -> None:
+    """ClusterMismatch (one line) unless every worker has the driver's versions of `packages_for(cfg)`,
+    sees and can write the output folder the driver sees, and can load the model, before any model loads."""
+    folder = Path(os.path.abspath(cfg.trainer.output_dir))
+    token = write_marker(folder)
+    packages = packages_for(cfg)
+    try:
+        reports = [r for w in workers.values() for r in w.report(str(folder), token, packages, model_paths(cfg))]
+    finally:
+        remove_marker(folder)
+    check_reports(package_versions(packages), reports)
+
+
 def build_ray_groups(cfg: DictConfig, kind: DeviceKind) -> dict[str, RayWorkers]:
-    """Every role's workers on `kind`, per `plan_placement(cfg)`, built concurrently once the plan fits."""
-    if cfg.sampler.name == "vllm" and cfg.sampler.vllm.tensor_parallel_size > 1:
-        raise PlacementError(
-            "sampler.vllm.tensor_parallel_size > 1 is not supported with devices.backend=ray yet: each rollout "
-            "worker holds one device; use tensor_parallel_size=1 (one engine per device)"
-        )
+    """Every role's workers on `kind`, per `plan_placement(cfg)`, once the plan fits and every node
+    passed `check_workers`; the roles join their groups and build concurrently."""
     placement = plan_placement(cfg)
     start_ray(cfg, kind)
     node_ids = fit_on_cluster(placement, kind, cfg.devices.ray.address)
+    built = worker_config(cfg)
     pools: dict[str, PlacementPool] = {}
     workers: dict[str, RayWorkers] = {}
     try:
         for pool in placement.pools:
             pools[pool.name] = PlacementPool(pool, kind, node_ids)
-        for role in ROLES:
-            workers[role] = RayWorkers(cfg, role, kind, placement.roles[role], pools[placement.roles[role].pool])
+        for role, role_placement in placement.roles.items():
+            workers[role] = RayWorkers(built, role, kind, role_placement, pools[role_placement.pool])
+        check_workers(cfg, workers)
+        for w in workers.values():
+            w.start(built)
         for w in workers.values():
             w.ready()
     except BaseException:

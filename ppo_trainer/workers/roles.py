@@ -18,6 +18,7 @@ from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.engine.reward_model import RewardModelEngine
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
+from ppo_trainer.workers.cluster import folder_problem, this_node
 from ppo_trainer.workers.devices import DISTRIBUTED_ROLES, bound_cpu_kernel_caches, keep_freed_host_memory
 
 
@@ -71,6 +72,10 @@ class WorkerError(RuntimeError):
     """A worker of a group failed or hung; the message names the role, the rank and its own error."""
 
 
+class SharedFolderError(RuntimeError):
+    """A worker does not see the checkpoint folder the driver staged; the message names its node and the folder."""
+
+
 BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout, "reward_model": build_reward_model}
 
 
@@ -97,10 +102,15 @@ class Worker:
         target = self if method in self.OWN_METHODS else self.engine
         return getattr(target, method)(*args, **kwargs)
 
-    def save(self, checkpoint: str) -> None:
+    def save(self, checkpoint: str, marker: str) -> None:
         """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state,
-        and this rank's manifest of what it wrote (`checkpoint.verify` reads it before the commit)."""
+        and this rank's manifest of what it wrote (`checkpoint.verify` reads it before the commit).
+        First, the staged folder must be the driver's: it holds the `marker` token the driver wrote
+        (`cluster.write_marker`), else SharedFolderError and nothing is written."""
         root = Path(checkpoint)
+        problem = folder_problem(root, marker)
+        if problem:
+            raise SharedFolderError(f"{this_node()} {problem}")
         merged = ["actor_merged"] if self.role == "actor" else []
         self.engine.save_hf(root / self.role, *(root / name for name in merged))
         self.engine.save_state(root / "state" / self.role)

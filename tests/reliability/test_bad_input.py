@@ -78,6 +78,8 @@ STATIC_CASES = [
     (["devices.ray.num_cpus=0"], "devices.ray.num_cpus"),
     (["trainer.experiment_name=a/b"], "trainer.experiment_name"),
     (["reward.format_score=1.0"], "reward.format_score"),
+    (["trainer.collective_timeout_s=0"], "trainer.collective_timeout_s"),
+    (["sampler.vllm.tensor_parallel_size=2"], "sampler.vllm.tensor_parallel_size"),
 ]
 
 
@@ -266,3 +268,21 @@ def test_expandable_segments_with_a_sleeping_vllm(capsys, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     line = run_cli(capsys, "sampler=vllm", "devices.accelerator=cuda", "devices.colocate=true")
     assert "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True" in line and "devices.colocate=false" in line
+
+
+def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_too(capsys):
+    line = run_cli(capsys, "sampler=vllm", "devices=multi_gpu", "sampler.vllm.tensor_parallel_size=2",
+                   "trainer.dry_run=true")
+    assert line == ("ppo-train: config error: 'sampler.vllm.tensor_parallel_size' is 2, but a rollout engine spanning "
+                    "several devices (tensor parallelism) is not built: each rollout replica is one vLLM engine on one "
+                    "device. Use 1 with a model whose weights and KV cache fit one device, and "
+                    "devices.rollout.num_devices replicas for throughput")
+
+
+def test_a_launcher_that_starts_one_copy_per_rank(capsys, monkeypatch):
+    """torchrun --nproc-per-node=2 ppo-train ...: without the check, each copy would be a run of its own."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    line = run_cli(capsys)
+    assert line.startswith("ppo-train: config error: WORLD_SIZE=2 and RANK=1 are set: a launcher (torchrun, a "
+                           "Kubeflow PyTorchJob) started this command once per rank")

@@ -82,13 +82,15 @@ def ray_overrides(address: str, colocate: bool = False, **roles: int) -> list[st
 
 
 def node_info(hosts: list) -> list[dict[str, Any]]:
-    """Where each `WorkerHost` actor runs: Ray node id and address, pid, devices, distributed env vars."""
+    """Where each `WorkerHost` actor runs: Ray node id and address, pid, devices, its process group
+    ((rank, world size), or None) and the interface gloo was given."""
     import ray
 
     def report(host) -> dict[str, Any]:  # nested: cloudpickle ships it by value into the actor
         import os
 
         import ray
+        import torch.distributed as dist
 
         context = ray.get_runtime_context()
         return {
@@ -96,7 +98,8 @@ def node_info(hosts: list) -> list[dict[str, Any]]:
             "address": ray.util.get_node_ip_address(), "pid": os.getpid(),
             "device_ids": context.get_accelerator_ids().get(host.kind.ray_resource, []),
             "visible_devices": os.environ.get(host.kind.visible_env) if host.kind.visible_env else None,
-            "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
+            "group": (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else None,
+            "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
         }
 
     return ray.get([h.__ray_call__.remote(report) for h in hosts])

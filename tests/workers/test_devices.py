@@ -160,6 +160,11 @@ def test_dry_run_placement_lines_for_the_presets():
     assert "critic   4 GPUs (node 0: GPU 4-7)" in multi
     assert "rollout  4 GPUs (node 1: GPU 0-3)" in multi
     assert "total: 12 GPUs on 2 nodes of 8" in multi
+    one_node = "\n".join(placement_lines(compose(["devices=multi_gpu_one_node"])))
+    assert "actor    4 GPUs (node 0: GPU 0-3)" in one_node
+    assert "critic   2 GPUs (node 0: GPU 4-5)" in one_node
+    assert "rollout  2 GPUs (node 0: GPU 6-7)" in one_node
+    assert "total: 8 GPUs on 1 node of 8" in one_node
     colocated = "\n".join(placement_lines(compose(["devices=colocated"])))
     assert "actor/critic/rollout pool 8 GPUs (node 0: GPU 0-7)" in colocated
     assert "each {GPU: 0.33, CPU: 0.33}" in colocated

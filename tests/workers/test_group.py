@@ -67,13 +67,14 @@ class FakeEngine:
 def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_and_rng(monkeypatch, tmp_path):
     from ppo_trainer.config import compose
     from ppo_trainer.workers import roles
+    from ppo_trainer.workers.cluster import write_marker
 
     monkeypatch.setitem(roles.BUILDERS, "actor", lambda cfg, device: FakeEngine())
     worker = roles.Worker("actor", compose(["trainer.seed=7"]), "cpu")
     assert torch.equal(worker.rng_state()["cpu"], torch.manual_seed(7).get_state())  # seeded per rank (0: the seed)
     worker.call("compute_logprobs", "rows")
     worker.call("update", "batch")
-    worker.call("save", str(tmp_path))
+    worker.call("save", str(tmp_path), write_marker(tmp_path))
     worker.call("load", str(tmp_path))
     assert worker.engine.calls == [
         ("compute_logprobs", "rows"), ("update", "batch"),
@@ -84,6 +85,27 @@ def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_and_rng(monkey
     torch.rand(3)
     worker.call("set_rng_state", state)
     assert torch.equal(torch.get_rng_state(), state["cpu"])
+
+
+def test_a_worker_that_does_not_see_the_staged_folder_writes_nothing_and_names_its_host(monkeypatch, tmp_path):
+    """The folder the driver staged holds its marker; a worker whose view differs (here: the marker
+    is another run's) refuses the save before its engine writes anything."""
+    import socket
+
+    from ppo_trainer.config import compose
+    from ppo_trainer.workers import cluster, roles
+    from ppo_trainer.workers.cluster import MARKER, write_marker
+
+    monkeypatch.setattr(cluster, "FOLDER_WAIT_S", 0.5)
+    monkeypatch.setitem(roles.BUILDERS, "critic", lambda cfg, device: FakeEngine())
+    worker = roles.Worker("critic", compose([]), "cpu")
+    token = write_marker(tmp_path)
+    (tmp_path / MARKER).write_text("another-token\n")
+    with pytest.raises(roles.SharedFolderError) as e:
+        worker.call("save", str(tmp_path), token)
+    assert str(e.value).startswith(f"host {socket.gethostname()} does not see the folder {tmp_path} that the driver "
+                                   "writes (it holds another run's marker)")
+    assert worker.engine.calls == []
 
 
 @pytest.mark.parametrize("device, keeps", [("cpu", True), ("cuda:0", False)])

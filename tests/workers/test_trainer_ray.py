@@ -66,3 +66,38 @@ def test_a_cluster_too_small_for_the_request_exits_2_with_one_line(ray_cluster, 
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo-train")]
     assert len(err) == 1 and err[0].startswith("ppo-train: input error: devices.colocate=true (a shared pool of max(devices.*.num_devices)=8) GPUs do not fit")
+
+
+def test_a_reward_model_on_ray_scores_as_a_plain_transformers_forward(ray_cluster, tmp_path):
+    """The reward model role on its own Ray pool; its replica's scores of a few conversations equal
+    one unpadded transformers forward each (float32)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from ppo_trainer.models.loading import resolve_model_path
+    from ppo_trainer.rewards.calling import RewardInput
+    from ppo_trainer.run_folder import absolute_output_dir, exclusive
+    from ppo_trainer.trainer import Trainer
+
+    cfg = compose(["+experiment=smoke", "devices.backend=ray", "devices.accelerator=cpu", "devices.colocate=false",
+                   "devices.devices_per_node=4", f"devices.ray.address={ray_cluster}", "reward.fn=null",
+                   "reward.model.path=random:tiny-reward", "reward.model.dtype=float32", "trainer.loggers=[jsonl]",
+                   f"trainer.output_dir={tmp_path}"])
+    conversations = [([{"role": "user", "content": q}], r) for q, r in (("3+4?", "7"), ("2+2?", "4"), ("7 again", "77x"))]
+    rows = [RewardInput(r, None, "s", None, m[0]["content"], m) for m, r in conversations]
+    with exclusive(absolute_output_dir(cfg)):
+        trainer = Trainer.from_config(cfg)
+        try:
+            assert len(trainer.groups["reward_model"]) == 1
+            got = trainer.scorer.parts[0].scorer.score(rows).values
+        finally:
+            trainer.close()
+    folder = resolve_model_path("random:tiny-reward")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    expected = []
+    for messages, response in conversations:
+        text = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
+        with torch.no_grad():
+            expected.append(model(**tokenizer(text, add_special_tokens=False, return_tensors="pt")).logits[0, 0].item())
+    assert got == pytest.approx(expected, abs=1e-5) and got == pytest.approx([1.0, 0.0, 0.0], abs=1e-5)
