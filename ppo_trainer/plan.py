@@ -84,7 +84,8 @@ def reward_summary(cfg: DictConfig) -> str:
     r = cfg.reward
     parts = [f"reward.fn {r.fn}"] if r.fn else []
     if r.model.path:
-        device = "shares the actor's device" if cfg.devices.backend == "local" else "its own devices"
+        device = ("shares the actor's device" if cfg.devices.backend == "local" else "the actor's devices"
+                  if cfg.devices.colocate else f"{cfg.devices.reward_model.num_devices} device(s) of its own")
         dtype = auto_dtype(detect(cfg.devices.accelerator).torch_device_type)[0] if r.model.dtype == "auto" else r.model.dtype
         parts.append(f"{r.model.coef:g} x reward model {r.model.path} ({dtype}, {device}"
                      + (", normalised" if r.model.normalize else "") + (f", clipped at {r.model.clip}" if r.model.clip else "") + ")")
