@@ -42,6 +42,39 @@ class WeightSyncExtension:
         return len(state)
 
 
+def engine_kwargs(model_dir: str | Path, cfg: SamplerConfig, dtype: str, seed: int, max_model_len: Optional[int],
+                  sleep: bool, trust_remote_code: bool, device_type: str) -> dict[str, Any]:
+    """`vllm.LLM`'s arguments for one engine on one device of `device_type` ("cpu", "cuda", "npu")."""
+    v = cfg.vllm
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=v.enforce_eager,
+        # logprobs after temperature / top-k / top-p: under the policy the token was sampled from
+        logprobs_mode="processed_logprobs",
+        # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
+        # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
+        generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
+        trust_remote_code=trust_remote_code, enable_sleep_mode=sleep,
+        distributed_executor_backend="uni",  # one engine on one device (sampler.vllm.tensor_parallel_size=1)
+    )
+    if device_type == "cpu":
+        # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
+        # generator, which CPU generators cannot do ("CPU Generator does not use offset").
+        # Unchunked prefill needs a step budget of at least one whole sequence (by default
+        # max_model_len = the model's max_position_embeddings).
+        kwargs["enable_chunked_prefill"] = False
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(config.get("max_position_embeddings", 0)))
+    if device_type == "npu":
+        # vllm-ascend lays weights out in its NZ format by default, which neither a pushed checkpoint-
+        # format weight nor sleep mode's wake_up can refill: keep the plain (ND) layout
+        kwargs["additional_config"] = {"weight_nz_mode": 0}
+    if v.kv_cache_gb is not None or device_type == "cpu":  # sized in bytes: no profiling of the device's free memory
+        kwargs["kv_cache_memory_bytes"] = int((v.kv_cache_gb or 1.0) * 2**30)
+    else:
+        kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization or 0.5
+    return kwargs
+
+
 class VllmSampler:
     """One vLLM engine on HF folder `model_dir`. `dtype` is the engine's (pushed weights are cast
     to it); `max_model_len` applies when `cfg.vllm.max_model_len` is None; `enable_sleep` is
@@ -60,33 +93,12 @@ class VllmSampler:
         on_cpu = current_platform.is_cpu()
         dtype = resolve_dtype(dtype, current_platform.device_type)
         self.dtype = compute_dtype(dtype)
-        v = cfg.vllm
-        max_model_len = v.max_model_len or max_model_len
+        max_model_len = cfg.vllm.max_model_len or max_model_len
         self._sleep_enabled = enable_sleep and not on_cpu
         self._asleep: set[str] = set()  # vLLM memory tags released by sleep(): "weights", "kv_cache"
 
-        kwargs: dict[str, Any] = dict(
-            model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=v.enforce_eager,
-            # logprobs after temperature / top-k / top-p: under the policy the token was sampled from
-            logprobs_mode="processed_logprobs",
-            # vLLM's neutral sampling defaults, not the model's generation_config.json: only what
-            # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
-            generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
-            trust_remote_code=trust_remote_code, enable_sleep_mode=self._sleep_enabled,
-            distributed_executor_backend="uni",  # one engine on one device (sampler.vllm.tensor_parallel_size=1)
-        )
-        if on_cpu:
-            # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
-            # generator, which CPU generators cannot do ("CPU Generator does not use offset").
-            # Unchunked prefill needs a step budget of at least one whole sequence (by default
-            # max_model_len = the model's max_position_embeddings).
-            kwargs["enable_chunked_prefill"] = False
-            config = json.loads((Path(model_dir) / "config.json").read_text())
-            kwargs["max_num_batched_tokens"] = max(4096, max_model_len or int(config.get("max_position_embeddings", 0)))
-        if v.kv_cache_gb is not None or on_cpu:  # sized in bytes: no profiling of the device's free memory
-            kwargs["kv_cache_memory_bytes"] = int((v.kv_cache_gb or 1.0) * 2**30)
-        else:
-            kwargs["gpu_memory_utilization"] = v.gpu_memory_utilization or 0.5
+        kwargs = engine_kwargs(model_dir, cfg, dtype, seed, max_model_len, self._sleep_enabled, trust_remote_code,
+                               current_platform.device_type)
 
         set_env = "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process

@@ -68,6 +68,15 @@ def build_reward_model(cfg: DictConfig, device: str) -> RewardModelEngine:
                              token_budget=cfg.algorithm.ppo_micro_batch_tokens, trust_remote_code=r.trust_remote_code)
 
 
+def accelerator_backends() -> list[tuple[str, Any]]:
+    """(name, torch module) of the accelerators this process sees: torch.cuda, torch.npu (torch_npu)."""
+    found = [("cuda", torch.cuda)] if torch.cuda.is_available() else []
+    npu = getattr(torch, "npu", None)  # registered by torch_npu, Ascend's adapter
+    if npu is not None and npu.is_available():
+        found.append(("npu", npu))
+    return found
+
+
 class WorkerError(RuntimeError):
     """A worker of a group failed or hung; the message names the role, the rank and its own error."""
 
@@ -158,12 +167,14 @@ class Worker:
             torch.npu.empty_cache()  # type: ignore[attr-defined]
 
     def rng_state(self) -> dict[str, Any]:
+        """The process's generators: the CPU's, and every visible CUDA or Ascend device's."""
         state: dict[str, Any] = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
+        for name, backend in accelerator_backends():
+            state[name] = backend.get_rng_state_all()
         return state
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         torch.set_rng_state(state["cpu"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        for name, backend in accelerator_backends():
+            if name in state:
+                backend.set_rng_state_all(state[name])

@@ -231,3 +231,37 @@ def test_auto_dtype_on_a_gpu_without_bf16_is_float32(monkeypatch):
     assert dtype == "float32" and "compute capability 7.0 has no bf16" in why
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
     assert auto_dtype("cuda")[0] == "bfloat16"
+
+
+def test_an_npu_engine_keeps_the_plain_weight_layout_and_a_cpu_one_sizes_its_cache_in_bytes(tiny_model_dir):
+    """vllm-ascend's default NZ layout cannot take pushed weights nor wake from sleep."""
+    from ppo_trainer.config import SamplerConfig, VllmConfig
+    from ppo_trainer.rollout.vllm import engine_kwargs
+
+    cfg = SamplerConfig(name="vllm", vllm=VllmConfig(kv_cache_gb=2.0))
+    npu = engine_kwargs(tiny_model_dir, cfg, "bfloat16", 0, 256, True, False, "npu")
+    assert npu["additional_config"] == {"weight_nz_mode": 0} and npu["kv_cache_memory_bytes"] == 2 * 2**30
+    assert npu["enable_sleep_mode"] is True and "gpu_memory_utilization" not in npu
+    cuda = engine_kwargs(tiny_model_dir, SamplerConfig(name="vllm"), "bfloat16", 0, 256, True, False, "cuda")
+    assert cuda["gpu_memory_utilization"] == 0.5 and "additional_config" not in cuda
+    cpu = engine_kwargs(tiny_model_dir, SamplerConfig(name="vllm"), "float32", 0, 256, False, False, "cpu")
+    assert cpu["kv_cache_memory_bytes"] == 2**30 and cpu["enable_chunked_prefill"] is False
+
+
+def test_a_worker_saves_and_restores_an_npus_generators(monkeypatch):
+    """torch_npu registers torch.npu; its generators travel in the checkpoint like CUDA's."""
+    import types
+
+    import torch
+
+    from ppo_trainer.workers import roles
+
+    saved = {"state": None}
+    fake = types.SimpleNamespace(is_available=lambda: True, get_rng_state_all=lambda: ["npu-gen-0"],
+                                 set_rng_state_all=lambda s: saved.__setitem__("state", s))
+    monkeypatch.setattr(torch, "npu", fake, raising=False)
+    worker = roles.Worker.__new__(roles.Worker)
+    state = worker.rng_state()
+    assert state["npu"] == ["npu-gen-0"]
+    worker.set_rng_state(state)
+    assert saved["state"] == ["npu-gen-0"]
