@@ -76,3 +76,21 @@ def test_the_dry_run_prints_the_memory_plan(experiment):
     section = text.split("# memory plan")[1]
     for role in ("actor", "critic", "rollout", "total"):
         assert f"\n  {role}" in section
+
+
+def test_the_gpu_recipe_fits_memory_as_the_plan_needs():
+    """Critic checkpointing on (16k-token micro-batches), a KV cache sized in bytes for a step, and
+    validation decoding as long as training, over the whole set in one call."""
+    cfg = compose(["+experiment=gsm8k"])
+    assert cfg.model.gradient_checkpointing and cfg.critic.gradient_checkpointing
+    assert cfg.sampler.vllm.kv_cache_gb == 4 and cfg.sampler.vllm.gpu_memory_utilization is None
+    assert cfg.eval.max_new_tokens == cfg.sampler.max_new_tokens == 512 and cfg.eval.batch_size >= 1319
+
+
+def test_vllm_memory_is_sized_one_way_only():
+    from ppo_trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="kv_cache_gb' and sampler.vllm.gpu_memory_utilization are both set"):
+        compose(["sampler=vllm", "sampler.vllm.kv_cache_gb=2", "sampler.vllm.gpu_memory_utilization=0.4"])
+    with pytest.raises(ConfigError, match="unknown config key 'sampler.vllm.cpu_kv_cache_gb'.*kv_cache_gb"):
+        compose(["sampler=vllm", "sampler.vllm.cpu_kv_cache_gb=1"])
