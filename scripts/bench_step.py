@@ -2,7 +2,7 @@
 peak memory, and each phase against its matmul floor on this machine.
 
 Presets:
-- `qwen0.5b` (the GPU performance issue's): a random-initialised Qwen2.5-0.5B-shaped model (hidden
+- `qwen0.5b` (the GPU workload): a random-initialised Qwen2.5-0.5B-shaped model (hidden
   896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 151936, tied embeddings), 256
   prompts of 128 tokens, exactly 256 response tokens each, one epoch in 4 mini-batches, HF sampler.
 - `smollm2` (the CPU recipe's model): the embedded SmolLM2-135M-Instruct, 16 prompts "What is {a} +

@@ -142,7 +142,7 @@ class VllmSampler:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
         state = safetensors_ready(state_dict, self.dtype)
-        # serialising costs ~0.6 s per push of the 135M model on a CPU; only another process needs it
+        # serialising copies and parses every weight (docs/performance.md); only another process needs bytes
         weights = state if self._worker_in_process else safetensors.torch.save(state)
         self.llm.collective_rpc("ppo_load_weights", args=(weights,))
 

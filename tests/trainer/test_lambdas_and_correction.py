@@ -1,5 +1,6 @@
-"""The driver's side of issue 14's options: one lambda per learner, the lambda-1 critic warm-up,
-and rollout correction weights with their rollout_corr/* metrics in a real (smoke) run."""
+"""The driver's side of the lambda and rollout-correction options: one lambda per learner, the
+lambda-1 critic warm-up, and rollout correction weights with their rollout_corr/* metrics in a real
+(smoke) run."""
 
 from __future__ import annotations
 
