@@ -83,7 +83,6 @@ class Batch:
     ground_truth: Optional[list[Any]] = None
     data_source: Optional[list[str]] = None
     extra_info: Optional[list[Any]] = None
-    prompt_index: Optional[list[int]] = None
     meta: dict[str, Any] = field(default_factory=dict)  # batch-level facts, e.g. {"pad_token_id": 0}
 
     def __len__(self) -> int:

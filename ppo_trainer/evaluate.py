@@ -40,8 +40,7 @@ logger = logging.getLogger("ppo_trainer")
 def prompt_batch(records: Sequence[PromptRecord], pad_id: int) -> Batch:
     return prompts_to_batch([r.prompt_ids for r in records], pad_id, prompt_text=[r.question for r in records],
                             prompt_messages=[r.messages for r in records], ground_truth=[r.ground_truth for r in records],
-                            data_source=[r.data_source for r in records], extra_info=[r.extra_info for r in records],
-                            prompt_index=[r.index for r in records])
+                            data_source=[r.data_source for r in records], extra_info=[r.extra_info for r in records])
 
 
 def reward_inputs(records: Sequence[PromptRecord], n: int, responses: Sequence[str]) -> list[RewardInput]:

@@ -1,6 +1,7 @@
 """`ppo-sweep-report SWEEP_DIR`: one row per job folder of a sweep, sorted by the final
-`trainer.objective`, showing what differs between runs. Train time sums `timing_s/step`
-(rollouts and updates, without loading and validation)."""
+`trainer.objective` (best first, as the jobs' `trainer.objective_direction` says), showing what
+differs between runs. Train time sums `timing_s/step` (rollouts and updates, without loading and
+validation)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ FINAL_METRICS = [
 ]
 _NOT_SWEPT = {"trainer.output_dir"}  # differs between jobs by construction
 _RUN_FILES = ("config.yaml", "metrics.jsonl", "overrides.yaml", ".hydra/overrides.yaml")
+
+
+class UnrankableSweep(Exception):
+    """The jobs of a sweep folder cannot be put in one order (exit 2, like a folder without runs)."""
 
 
 @dataclass
@@ -135,7 +140,8 @@ class Report:
         values: list[tuple[Optional[float], str]] = []
         for metric in self.objective_metrics():
             spec = "{:.3f}" if metric == ACCURACY else "{:.4g}"
-            values += [(run.final(metric), spec), (run.best(metric, self.maximize), spec)]
+            maximize = self.maximize if metric == self.objective else True  # higher accuracy is better
+            values += [(run.final(metric), spec), (run.best(metric, maximize), spec)]
         values += [(run.final(metric), "{:.3f}") for metric in self.source_metrics()]
         values += [(run.final(metric), spec) for metric, _, spec in FINAL_METRICS]
         cells += [(v, "-" if v is None else spec.format(v)) for v, spec in values]
@@ -167,7 +173,8 @@ class Report:
 
 
 def build_report(sweep_dir: Path) -> Report:
-    """Read a sweep folder; raises FileNotFoundError when it holds no runs."""
+    """Read a sweep folder; raises FileNotFoundError when it holds no runs, UnrankableSweep when
+    its jobs disagree on trainer.objective_direction."""
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"{sweep_dir} is not a folder")
     runs = find_runs(sweep_dir)
@@ -181,7 +188,9 @@ def build_report(sweep_dir: Path) -> Report:
     objective = next((str(r.config["trainer.objective"]) for r in runs if "trainer.objective" in r.config), ACCURACY)
     optuna_best = _read_yaml(sweep_dir / "optimization_results.yaml")
     optuna_best = optuna_best if isinstance(optuna_best, dict) else None
-    maximize = _maximize(hydra, optuna_best, [run.final(objective) for run in runs])
+    direction = job_direction(runs, sweep_dir)
+    maximize = (direction == "maximize" if direction is not None
+                else _maximize(hydra, optuna_best, [run.final(objective) for run in runs]))
     shared = split_overrides(runs)
 
     def sort_key(run: Run) -> tuple[bool, float]:
@@ -195,10 +204,27 @@ def build_report(sweep_dir: Path) -> Report:
     return Report(sweep_dir, runs, objective, maximize, shared, command, optuna_best)
 
 
+def job_direction(runs: list[Run], sweep_dir: Path) -> Optional[str]:
+    """The jobs' trainer.objective_direction (config.yaml), None when no job records it (a
+    folder from before the key). Raises UnrankableSweep when jobs differ: no one order ranks them."""
+    jobs: dict[str, list[str]] = {}
+    for run in runs:
+        if "trainer.objective_direction" in run.config:
+            jobs.setdefault(str(run.config["trainer.objective_direction"]), []).append(run.name)
+    if len(jobs) > 1:
+        found = "; ".join(f"{direction} in job{'s' * (len(names) > 1)} {', '.join(names)}"
+                          for direction, names in jobs.items())
+        raise UnrankableSweep(f"trainer.objective_direction differs between the jobs of {sweep_dir} ({found}), so "
+                              "no one order ranks them: move each direction's jobs into a folder of their own and "
+                              "report each folder")
+    return next(iter(jobs), None)
+
+
 def _maximize(hydra: dict[str, Any], optuna_best: Optional[dict[str, Any]], finals: list[Optional[float]]) -> bool:
     """Whether a higher objective is better: the sweeper's `direction` in multirun.yaml (Hydra's
     basic sweeper writes it); the Optuna sweeper writes no multirun.yaml, but its best value is
-    the lowest final objective of a search that minimised. Default: maximize."""
+    the lowest final objective of a search that minimised. Default: maximize. Only for job
+    folders whose config.yaml predates trainer.objective_direction."""
     direction = (hydra.get("sweeper") or {}).get("direction")
     if direction is not None:
         return str(direction) != "minimize"
@@ -226,7 +252,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     sweep_dir = parser.parse_args(argv).sweep_dir  # argv None: sys.argv[1:]
     try:
         report = build_report(sweep_dir)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, UnrankableSweep) as e:
         print(f"ppo-sweep-report: {e}", file=sys.stderr)
         sys.exit(2)
     text = report.markdown()

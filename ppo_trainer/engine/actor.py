@@ -102,15 +102,12 @@ class ActorEngine(FSDPEngine):
             return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
     def micro_batch_loss(self, micro: Batch, counts: GlobalCounts,
-                         outputs: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`);
-        `outputs`: its (logprobs, entropies), already computed with gradients."""
-        with_entropy = self.algorithm.entropy_coef > 0
-        if outputs is None:
-            logp, ent = self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
-                                    self.temperature, with_entropy, **self.truncation)
-        else:
-            logp, ent = outputs[0], (outputs[1] if with_entropy else None)
+                         outputs: None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`),
+        from a forward of its own. `outputs` (the `LossFn` slot for a kept forward) is always None:
+        the actor keeps none (`compute_logprobs_and_entropy`)."""
+        logp, ent = self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
+                                self.temperature, self.algorithm.entropy_coef > 0, **self.truncation)
         return actor_loss(logp, ent, micro.old_logprobs, micro.advantages, micro.response_mask, micro.ref_logprobs,
                           micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
 

@@ -18,20 +18,14 @@ from ppo_trainer.models.packing import shares_prompts
 
 
 class CriticEngine(FSDPEngine):
-    """The trainable value model on FSDP2 (full-parameter; LoRA is rejected). `model_dir`: the
-    resolved `critic.path`, or a folder written by `save_hf`. Every method is a collective call."""
+    """The trainable value model on FSDP2, full-parameter (the config has no critic.lora). `model_dir`:
+    the resolved `critic.path`, or a folder written by `save_hf`. Every method is a collective call."""
 
     def __init__(
         self, cfg: CriticConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
         device: str | torch.device = "cpu", total_steps: Optional[int] = None, seed: int = 0,
         attn_implementation: str = "sdpa", trust_remote_code: bool = False,
     ) -> None:
-        lora = getattr(cfg, "lora", None)
-        if lora is not None and getattr(lora, "rank", 0) > 0:
-            raise ValueError(
-                "critic.lora: LoRA on the critic is not supported; the value model is trained "
-                "full-parameter (LoRA for the actor is model.lora.rank)"
-            )
         self.cfg = cfg
         self.algorithm = algorithm
         self.mini_batch_size = mini_batch_size

@@ -76,15 +76,10 @@ def fill_by_cost(units: list[list[int]], cost: Callable[[list[int]], int], budge
     return groups
 
 
-def split_by_token_budget(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
-    """Row indices of each micro-batch of `batch` within `budget` tokens (`micro_batch_units`, `fill_by_cost`)."""
-    return fill_by_cost(*micro_batch_units(batch, share_prompts), budget)
-
-
 def plan_micro_batches(batch: Batch, budget: int, share_prompts: bool = False) -> list[MicroBatch]:
-    """Micro-batches of this rank's rows (`split_by_token_budget`), as many as the rank that needs
-    the most (a collective call): the costliest groups are halved, and a rank with too few rows
-    pads with dummies."""
+    """Micro-batches of this rank's rows within `budget` tokens (`micro_batch_units`, `fill_by_cost`),
+    as many as the rank that needs the most (a collective call): the costliest groups are halved,
+    and a rank with too few rows pads with dummies."""
     if len(batch) == 0:
         raise ValueError("a rank received no rows; every data-parallel rank needs at least one sequence")
     units, cost = micro_batch_units(batch, share_prompts)

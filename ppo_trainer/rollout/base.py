@@ -13,7 +13,7 @@ sample `j` of prompt `i`, with a response block (width T, right-padded) after th
 | truncated       | [B]      | True where the response hit max_new_tokens without EOS or stop     |
 
 `response_text`: decoded without special tokens, cut before the first stop string; the prompt's
-fields (`prompt_text`, `ground_truth`, `data_source`, `extra_info`, `prompt_index`) repeat n times.
+fields (`prompt_text`, `ground_truth`, `data_source`, `extra_info`) repeat n times.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ START = time.time()
 import torch  # noqa: E402
 
 from engine_cases import SMALL_BUDGET, make_actor, make_critic, one_step
-from ppo_trainer.engine.microbatch import split_by_token_budget
+from ppo_trainer.engine.microbatch import fill_by_cost, micro_batch_units
 
 
 def log(message: str) -> None:
@@ -33,7 +33,8 @@ def main(model_dir: str, batches_file: str, out_dir: str) -> None:
 
     actor = make_actor(model_dir)
     local = batch.select(batch.deal(actor.world_size)[actor.rank])
-    layout = torch.tensor([int(local.response_mask.sum()), len(split_by_token_budget(local, SMALL_BUDGET))])
+    planned = fill_by_cost(*micro_batch_units(local, actor.share_prompts), SMALL_BUDGET)  # before ranks even out
+    layout = torch.tensor([int(local.response_mask.sum()), len(planned)])
     layouts = [torch.zeros_like(layout) for _ in range(actor.world_size)]
     torch.distributed.all_gather(layouts, layout)
 

@@ -161,14 +161,6 @@ def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir
     torch.testing.assert_close(got * batch.response_mask, critic.compute_values(batch), atol=1e-6, rtol=0)
 
 
-def test_critic_rejects_lora(tiny_model_dir):
-    class CriticWithLora(CriticConfig):
-        lora = LoraConfig(rank=8)
-
-    with pytest.raises(ValueError, match="LoRA on the critic is not supported"):
-        CriticEngine(CriticWithLora(), tiny_model_dir, algorithm(), mini_batch_size=8)
-
-
 @pytest.mark.parametrize("role", ["actor", "lora-actor", "critic"])
 def test_save_reload_and_continue_equals_not_stopping(tiny_model_dir, batch, tmp_path, role):
     make = {"actor": make_actor, "critic": make_critic,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from engine_cases import PROMPT_LENS, RESPONSE_LENS, random_batch
-from ppo_trainer.engine.microbatch import global_counts, plan_micro_batches, split_by_token_budget
+from ppo_trainer.batch import Batch
+from ppo_trainer.engine.microbatch import global_counts, plan_micro_batches
+
+
+def planned_rows(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
+    """The rows of each micro-batch one rank plans (no halving, no dummies: no other rank)."""
+    return [m.rows.tolist() for m in plan_micro_batches(batch, budget, share_prompts)]
 
 
 def test_row_extents_count_real_prompt_and_response_tokens():
@@ -30,17 +36,17 @@ def test_trim_padding_drops_only_columns_that_are_padding_in_every_row():
 def test_split_keeps_padded_tokens_within_budget_and_covers_every_row_once():
     batch = random_batch(PROMPT_LENS * 3, RESPONSE_LENS * 3)
     for budget in (16, 24, 40, 100):
-        groups = split_by_token_budget(batch, budget)
+        groups = planned_rows(batch, budget)
         assert sorted(sum(groups, [])) == list(range(len(batch)))
         for rows in groups:
             micro = batch.select(rows).trim_padding()
             assert micro.input_ids.numel() <= budget  # rows x padded width
-    assert len(split_by_token_budget(batch, 16)) > len(split_by_token_budget(batch, 100))
+    assert len(planned_rows(batch, 16)) > len(planned_rows(batch, 100))
 
 
 def test_a_row_longer_than_the_budget_gets_a_micro_batch_of_its_own():
     batch = random_batch([3, 2, 2], [12, 1, 1])
-    groups = split_by_token_budget(batch, 8)
+    groups = planned_rows(batch, 8)
     assert groups == [[0], [1, 2]]
 
 
@@ -68,7 +74,7 @@ def test_rows_of_one_prompt_stay_together_and_packed_tokens_stay_within_budget()
     groups = batch.prompt_groups()
     assert groups == [list(range(i, i + 4)) for i in range(0, 24, 4)]
     for budget in (24, 40, 100):
-        split = split_by_token_budget(batch, budget, share_prompts=True)
+        split = planned_rows(batch, budget, share_prompts=True)
         assert sorted(sum(split, [])) == list(range(len(batch)))
         for rows in split:
             assert all(set(g) <= set(rows) or not set(g) & set(rows) for g in groups)
@@ -78,8 +84,8 @@ def test_rows_of_one_prompt_stay_together_and_packed_tokens_stay_within_budget()
                 packed[i // 4] = packed.get(i // 4, p) + r
             if len(packed) > 1:  # a group over budget gets a micro-batch of its own
                 assert len(packed) * max(packed.values()) <= budget
-    padded = split_by_token_budget(batch, 100)
-    assert len(split_by_token_budget(batch, 100, share_prompts=True)) < len(padded)
+    padded = planned_rows(batch, 100)
+    assert len(planned_rows(batch, 100, share_prompts=True)) < len(padded)
 
 
 def test_deal_keeps_a_prompts_rows_in_one_share_while_every_share_gets_one():

@@ -270,9 +270,11 @@ def test_expandable_segments_with_a_sleeping_vllm(capsys, monkeypatch):
     assert "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True" in line and "devices.colocate=false" in line
 
 
-def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_too(capsys):
+@pytest.mark.parametrize("dry_run", ["true", "false"])
+def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_and_a_real_run(capsys, dry_run):
+    """Once the dry run accepted it and the Ray backend then failed with a traceback (issue 42)."""
     line = run_cli(capsys, "sampler=vllm", "devices=multi_gpu", "sampler.vllm.tensor_parallel_size=2",
-                   "trainer.dry_run=true")
+                   f"trainer.dry_run={dry_run}")
     assert line == ("ppo-train: config error: 'sampler.vllm.tensor_parallel_size' is 2, but a rollout engine spanning "
                     "several devices (tensor parallelism) is not built: each rollout replica is one vLLM engine on one "
                     "device. Use 1 with a model whose weights and KV cache fit one device, and "

@@ -112,7 +112,7 @@ def prompts(tokenizer) -> Batch:
         for q in questions
     ]
     return prompts_to_batch(
-        ids, tokenizer.pad_token_id, prompt_text=questions, ground_truth=["5", "", "12"], prompt_index=[10, 11, 12]
+        ids, tokenizer.pad_token_id, prompt_text=questions, ground_truth=["5", "", "12"]
     )
 
 

@@ -15,12 +15,12 @@ from ppo_trainer.models.critic import safetensors_ready
 
 
 def test_prompts_to_batch_left_pads_and_counts_positions_from_first_real_token():
-    batch = prompts_to_batch([[5, 6, 7], [8]], pad_id=0, prompt_text=["a", "b"], prompt_index=[3, 4])
+    batch = prompts_to_batch([[5, 6, 7], [8]], pad_id=0, prompt_text=["a", "b"])
     assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
     assert batch.response_mask is None and batch.response_length == 0
-    assert batch.prompt_text == ["a", "b"] and batch.prompt_index == [3, 4]
+    assert batch.prompt_text == ["a", "b"]
     assert batch.meta["pad_token_id"] == 0
 
 

@@ -24,20 +24,25 @@ REWARD = FunctionScorer(functools.partial(math_reward.score, mode="strict", form
 
 
 class ScriptedSampler:
-    """Answers prompt i with texts[i] (sample j of it with texts[i][j] when that is a list); records
-    how it was called as (prompts, n, seed, greedy, temperature)."""
+    """Answers the k-th prompt it is given with texts[k] (sample j of it with texts[k][j] when that
+    is a list): evaluate_records gives the records in their order, so prompt k is record k of a
+    prefix of them; the third prompt's responses are truncated. Records how it was called as
+    (prompts, n, seed, greedy, temperature)."""
 
     def __init__(self, texts: list[str | list[str]]):
         self.texts = texts
+        self.given = 0  # prompts answered so far
         self.calls: list[tuple[int, int, int, bool, float | None]] = []
 
     def generate(self, batch: Batch, n: int = 1, seed: int = 0, greedy: bool = False,
                  max_new_tokens: int | None = None, temperature: float | None = None) -> Batch:
         self.calls.append((len(batch), n, seed, greedy, temperature))
-        scripts = [self.texts[i] for i in batch.prompt_index]
+        order = range(self.given, self.given + len(batch))
+        self.given += len(batch)
+        scripts = [self.texts[k] for k in order]
         texts = [s[j] if isinstance(s, list) else s for s in scripts for j in range(n)]
         ids = [[7] * (r % 3 + 1) for r in range(len(batch) * n)]
-        truncated = [i == 2 for i in batch.prompt_index for _ in range(n)]
+        truncated = [k == 2 for k in order for _ in range(n)]
         return assemble_rollout(batch, n, ids, [[-0.5] * len(r) for r in ids], truncated, texts, pad_id=0)
 
     def greedy(self, batch: Batch, seed: int) -> Batch:

@@ -41,7 +41,6 @@ def assert_rollout_layout(out: Batch, prompts: Batch, n: int, eos_id: int, pad_i
     assert torch.equal(out.attention_mask, torch.cat([prompts.attention_mask[source], out.response_mask], dim=1))
     assert out.prompt_text == [prompts.prompt_text[i] for i in source.tolist()]
     assert out.ground_truth == [prompts.ground_truth[i] for i in source.tolist()]
-    assert out.prompt_index == [prompts.prompt_index[i] for i in source.tolist()]
     assert len(out.response_text) == B
 
     for r in range(B):

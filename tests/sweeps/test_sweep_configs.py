@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
+from omegaconf import OmegaConf
 
 from ppo_trainer import cli
 from ppo_trainer import config as cli_config
@@ -24,6 +28,27 @@ def test_sweep_file_is_global_and_starts_with_its_command(name):
     lines = (cli_config.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()
     assert lines[0] == "# @package _global_"
     assert lines[1].startswith("# ppo-train --multirun +experiment=") and lines[1].endswith(f" +sweep={name}")
+
+
+LR_SWEEPS = [(name, key) for name in SWEEPS for key in cli_config.sweep_file(name)[1] if key.split(".")[-1] == "lr"]
+
+
+def test_some_sweep_files_sweep_a_learning_rate():
+    assert {name for name, _ in LR_SWEEPS} >= {"learning_rates", "optuna_smoke"}
+
+
+@pytest.mark.parametrize("name,key", LR_SWEEPS, ids=[f"{n}:{k}" for n, k in LR_SWEEPS])
+def test_a_swept_learning_rate_brackets_the_value_of_the_recipe_the_file_names(name, key):
+    """Within 10x either side of the recipe's own value: a CPU recipe swept with a GPU recipe's
+    learning rates (50-200x too low) spent its whole sweep on runs that barely move."""
+    header = (cli_config.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()[1]
+    experiment = re.search(r"\+experiment=(\S+)", header).group(1)
+    recipe_value = OmegaConf.select(cli_config.compose([f"+experiment={experiment}"]), key)
+    override = OverridesParser.create().parse_overrides([f"{key}={cli_config.sweep_file(name)[1][key]}"])[0]
+    sweep = override.value()
+    values = [sweep.start, sweep.end] if isinstance(sweep, IntervalSweep) else list(override.sweep_iterator())
+    assert min(values) <= recipe_value <= max(values), (experiment, recipe_value, values)
+    assert recipe_value / 10 <= min(values) and max(values) <= recipe_value * 10, (experiment, recipe_value, values)
 
 
 @pytest.mark.parametrize("name", SWEEPS)

@@ -14,13 +14,17 @@ from ppo_trainer.sweep_report import build_report, main
 
 
 def make_run(sweep_dir: Path, job: str, lam: float, accuracy: list[float], overrides: Optional[list[str]],
-             objective: str = "val/accuracy", total_steps: int = 2, extra: Optional[dict[str, Any]] = None) -> None:
-    """A job folder: config.yaml, metrics.jsonl (step 0 validates, then one step per accuracy
-    after the first), and overrides.yaml unless `overrides` is None."""
+             objective: str = "val/accuracy", total_steps: int = 2, extra: Optional[dict[str, Any]] = None,
+             direction: Optional[str] = None) -> None:
+    """A job folder: config.yaml (with trainer.objective_direction unless `direction` is None, as
+    before the key existed), metrics.jsonl (step 0 validates, then one step per accuracy after the
+    first), and overrides.yaml unless `overrides` is None."""
     run = sweep_dir / job
     run.mkdir(parents=True)
     config = {"gae": {"lam": lam, "gamma": 1.0},
               "trainer": {"output_dir": str(run), "total_steps": total_steps, "objective": objective}}
+    if direction is not None:
+        config["trainer"]["objective_direction"] = direction
     OmegaConf.save(OmegaConf.create(config), run / "config.yaml")
     if overrides is not None:
         OmegaConf.save(OmegaConf.create(overrides), run / "overrides.yaml")
@@ -81,6 +85,37 @@ def test_a_custom_objective_to_minimize_sorts_lowest_first(tmp_path):
     report = build_report(tmp_path)
     assert [r.name for r in report.runs] == ["1", "0"]
     assert report.columns()[2:4] == ["critic/vf_loss final", "critic/vf_loss best"]
+
+
+def test_the_jobs_objective_direction_minimize_sorts_lowest_first_and_picks_the_lowest_as_best(tmp_path):
+    """No sweeper direction recorded (a grid sweep): the jobs' own config.yaml says minimize."""
+    for job, losses in (("0", [2.0, 3.0]), ("1", [0.5, 1.0])):
+        make_run(tmp_path, job, 0.9 + 0.1 * int(job), [0.0, 0.5, 0.2], [f"gae.lam={0.9 + 0.1 * int(job)}"],
+                 objective="critic/vf_loss", direction="minimize")
+        records = [json.loads(line) for line in (tmp_path / job / "metrics.jsonl").read_text().splitlines()]
+        for record, loss in zip(records[1:], losses):
+            record["critic/vf_loss"] = loss
+        (tmp_path / job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    main([str(tmp_path)])
+    rows = read_csv(tmp_path / "report.csv")
+    assert [r["job"] for r in rows] == ["1", "0"]  # final loss 1.0, 3.0
+    assert [(r["critic/vf_loss final"], r["critic/vf_loss best"]) for r in rows] == [("1.0", "0.5"), ("3.0", "2.0")]
+    assert [r["val/accuracy best"] for r in rows] == ["0.5", "0.5"]  # accuracy stays best when highest
+    assert "sorted by final `critic/vf_loss` (lowest first)" in (tmp_path / "report.md").read_text()
+
+
+def test_jobs_with_different_objective_directions_exit_2_naming_the_jobs(tmp_path, capsys):
+    make_run(tmp_path, "0", 0.9, [0.0, 0.2], ["gae.lam=0.9"], direction="maximize")
+    make_run(tmp_path, "1", 1.0, [0.0, 0.1], ["gae.lam=1.0"], direction="minimize")
+    make_run(tmp_path, "2", 1.1, [0.0, 0.3], ["gae.lam=1.1"], direction="maximize")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"ppo-sweep-report: trainer.objective_direction differs between the jobs of {tmp_path} (maximize in jobs "
+        "0, 2; minimize in job 1), so no one order ranks them: move each direction's jobs into a folder of their "
+        "own and report each folder\n")
+    assert not (tmp_path / "report.md").exists()
 
 
 def test_runs_that_validated_several_sources_get_a_final_column_per_source(tmp_path):
