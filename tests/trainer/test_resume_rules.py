@@ -13,7 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from ppo_trainer import resume, run_folder
-from ppo_trainer.config import ConfigError, compose
+from ppo_trainer.composition import compose
+from ppo_trainer.config import ConfigError
 from ppo_trainer.engine.optim import lr_factor
 from ppo_trainer.trainer import Trainer, run_training
 
