@@ -60,8 +60,11 @@ class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(
     cpu_offload: bool = False  # as model.cpu_offload
     lr: float = 1e-5  # peak learning rate of the critic's AdamW
     weight_decay: float = 0.0  # as model.optim.weight_decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # as model.optim.betas
+    eps: float = 1e-8  # as model.optim.eps
     warmup_steps: int = 0  # as model.optim.warmup_steps
     schedule: str = "constant"  # constant | cosine, as model.optim.schedule
+    min_lr_ratio: float = 0.0  # as model.optim.min_lr_ratio
     grad_clip: float = 1.0  # as model.optim.grad_clip
     value_clip: Optional[float] = 0.5  # values clipped to this distance from the rollout's; None: no clipping
 

@@ -84,7 +84,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "trainer.total_steps", "trainer.keep_last", "trainer.max_skipped_steps", "eval.max_new_tokens",
                  *(f"devices.{role}.num_devices" for role in ("actor", "critic", "rollout", "reward_model")))
     _lower_bound(cfg, ">", 0, "trainer.worker_timeout_s", "trainer.collective_timeout_s", "sampler.sync_bucket_mb", "model.optim.lr", "model.optim.eps", "critic.lr",
-                 "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
+                 "critic.eps", "gae.adaptive_alpha", "gae.kl_target", "gae.kl_horizon")
     v = s.vllm
     _require(v.kv_cache_gb is None or v.kv_cache_gb > 0, "sampler.vllm.kv_cache_gb", f"must be > 0, got {v.kv_cache_gb}")
     _require(v.gpu_memory_utilization is None or 0 < v.gpu_memory_utilization <= 1, "sampler.vllm.gpu_memory_utilization",
@@ -99,14 +99,15 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(cfg.reward.format_score < cfg.reward.correct_score, "reward.format_score",
              f"({cfg.reward.format_score}) must be below reward.correct_score ({cfg.reward.correct_score}): a "
              "well-formed wrong answer would count as correct")
-    _in_interval(cfg, "[0, 1]", "model.optim.min_lr_ratio", "gae.gamma", "gae.lam", "data.arithmetic.two_step_fraction")
+    _in_interval(cfg, "[0, 1]", "model.optim.min_lr_ratio", "critic.min_lr_ratio", "gae.gamma", "gae.lam", "data.arithmetic.two_step_fraction")
     _in_interval(cfg, "(0, 1]", "sampler.top_p")
     _in_interval(cfg, "(0, 1)", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high")
     _require(g.critic_lam is None or 0 <= g.critic_lam <= 1, "gae.critic_lam",
              f"must be in [0, 1], or null for gae.lam, got {g.critic_lam}")
     _require(s.temperature > 0, "sampler.temperature", "must be > 0 (training samples; greedy is for eval)")
-    _require(len(m.optim.betas) == 2 and all(0 <= b < 1 for b in m.optim.betas), "model.optim.betas",
-             "must be two numbers in [0, 1)")
+    for key in ("model.optim.betas", "critic.betas"):
+        betas = OmegaConf.select(cfg, key)
+        _require(len(betas) == 2 and all(0 <= b < 1 for b in betas), key, f"must be two numbers in [0, 1), got {list(betas)}")
     _require(m.lora.rank >= 0, "model.lora.rank", "must be >= 0 (0 = full fine-tuning)")
     if m.lora.rank > 0:
         _lower_bound(cfg, ">", 0, "model.lora.alpha")
