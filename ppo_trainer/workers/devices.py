@@ -164,7 +164,7 @@ def resolve_dtype(name: str, device_type: str) -> str:
 
 
 def compute_dtype(name: str, device_type: str = "cpu") -> "torch.dtype":
-    """The torch dtype of a dtype key's value (config_validation.py checked it); "auto" resolves for `device_type`."""
+    """The torch dtype of a dtype key's value (config.py checked it); "auto" resolves for `device_type`."""
     import torch
 
     return getattr(torch, resolve_dtype(name, device_type))
