@@ -13,8 +13,10 @@ from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, check_grid_sweep, check_overrides,
-                                normalize_overrides, validate_static)
+from ppo_trainer.composition import check_grid_sweep
+from ppo_trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError
+from ppo_trainer.config_validation import validate_static
+from ppo_trainer.overrides import check_overrides, normalize_overrides
 from ppo_trainer.run_folder import absolute_output_dir, exclusive
 from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels, shown_path
 

@@ -23,7 +23,7 @@ PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?
 
 def produced(cfg: Any, uses_reference: bool) -> set[str]:
     """Every fixed metric name a run of `cfg` logs at some step (`uses_reference`: the config's
-    reference policy is built, `config.uses_reference`)."""
+    reference policy is built, `derived_settings.uses_reference`)."""
     a = cfg.algorithm
     names = set(ALWAYS)
     if uses_reference:

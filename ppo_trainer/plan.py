@@ -11,7 +11,8 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import batch_arithmetic, kl_in_reward, uses_reference
+from ppo_trainer.batch_sizes import batch_arithmetic
+from ppo_trainer.derived_settings import kl_in_reward, uses_reference
 from ppo_trainer.memory_plan import memory_plan
 from ppo_trainer.rewards.remote import url_problem
 from ppo_trainer.data.datasets import describe_split

@@ -17,13 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer import checkpoint, resume, run_folder, watchdog
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import kl_in_reward, uses_ground_truth, uses_reference
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
+from ppo_trainer.derived_settings import kl_in_reward, uses_ground_truth, uses_reference
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
                                   validation_seed)
 from ppo_trainer.rewards import shaping

@@ -33,7 +33,7 @@ def driver_peak_gb() -> float:
 
 
 def run_case(model: str, lora: bool, replicas: int, repeats: int) -> dict:
-    from ppo_trainer.config import compose
+    from ppo_trainer.composition import compose
     from ppo_trainer.workers.group import build_groups
 
     lora_keys = ["model.lora.rank=32", "model.lora.alpha=64"] if lora else ["model.lora.rank=0"]

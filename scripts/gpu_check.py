@@ -220,7 +220,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from ppo_trainer.config import compose, uses_reference
+    from ppo_trainer.composition import compose
+    from ppo_trainer.derived_settings import uses_reference
     from ppo_trainer.memory_plan import memory_plan
 
     device = "cpu" if args.rehearse else "cuda"

@@ -79,7 +79,7 @@ class ParsedRow:
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True) -> list[PromptRecord]:
     """The prompts of `split` ("train" or "val"), source after source (`read_split`); DataError
     (one line) when they cannot be loaded. Without `require_answer` (no configured reward reads
-    one: `config.uses_ground_truth`) a row may lack the answer key: its ground truth is None."""
+    one: `derived_settings.uses_ground_truth`) a row may lack the answer key: its ground truth is None."""
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 import torch
 from omegaconf import DictConfig
 
+from ppo_trainer.batch_sizes import batch_arithmetic, optimizer_steps
 from ppo_trainer.checkpoint import write_manifest
-from ppo_trainer.config import batch_arithmetic, optimizer_steps, uses_reference
+from ppo_trainer.derived_settings import uses_reference
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.engine.reward_model import RewardModelEngine

@@ -7,7 +7,8 @@ from typing import get_type_hints
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer.config import CONFIG_DIR, ConfigError, PPOConfig, compose, config_groups, group_options
+from ppo_trainer.composition import compose
+from ppo_trainer.config import CONFIG_DIR, ConfigError, PPOConfig, config_groups, group_options
 
 GROUPS = [g for g in config_groups() if g not in ("experiment", "sweep")]  # the optional `+` groups
 
@@ -138,6 +139,19 @@ BAD_CONFIGS = [
     ("model.dtype=float8", "model.dtype"),
     ("eval.limit=0", "eval.limit"),
 ]
+
+
+@pytest.mark.parametrize("prefix", ["model.optim", "critic"])
+@pytest.mark.parametrize("setting", ["betas=[0.9,1.0]", "betas=[0.9]", "eps=0", "min_lr_ratio=1.5", "min_lr_ratio=-0.1"])
+def test_the_actor_and_critic_optimizer_settings_are_checked_alike(prefix, setting):
+    key = f"{prefix}.{setting.split('=')[0]}"
+    with pytest.raises(ConfigError, match=f"^'{key}' must"):
+        compose([f"{prefix}.{setting}"])
+
+
+def test_the_critic_takes_the_actors_optimizer_settings_as_its_own_keys():
+    cfg = compose(["critic.betas=[0.8,0.95]", "critic.eps=1e-6", "critic.min_lr_ratio=0.1"]).critic
+    assert (list(cfg.betas), cfg.eps, cfg.min_lr_ratio) == ([0.8, 0.95], 1e-6, 0.1)
 
 
 @pytest.mark.parametrize("override,fragment", BAD_CONFIGS)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.config import ConfigError
 
 

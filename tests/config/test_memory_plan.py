@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ppo_trainer import memory_plan
-from ppo_trainer.config import compose, uses_reference
+from ppo_trainer.composition import compose
+from ppo_trainer.derived_settings import uses_reference
 from ppo_trainer.memory_plan import GIB, KNOWN_DIMS, Dims, activation_bytes, model_dims
 
 

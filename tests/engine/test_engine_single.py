@@ -142,6 +142,17 @@ def test_bfloat16_compute_trains_with_float32_master_weights(tiny_model_dir, bat
     assert all(v.dtype == torch.float32 for v in critic.full_state_dict().values())
 
 
+def test_the_critics_optimizer_takes_its_betas_eps_and_decays_to_its_cosine_floor(tiny_model_dir):
+    cfg = CriticConfig(dtype="float32", lr=1e-3, betas=[0.8, 0.95], eps=1e-6, schedule="cosine", min_lr_ratio=0.1)
+    critic = CriticEngine(cfg, tiny_model_dir, algorithm(), mini_batch_size=8, total_steps=10)
+    groups = critic.optimizer.param_groups
+    assert all(g["betas"] == (0.8, 0.95) and g["eps"] == 1e-6 for g in groups)
+    for _ in range(10):
+        critic.optimizer.step()  # no gradients: moves nothing, keeps the scheduler's order of calls
+        critic.scheduler.step()
+    assert [g["lr"] for g in groups] == pytest.approx([1e-3 * 0.1] * len(groups))
+
+
 def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir, batch, tmp_path):
     from ppo_trainer.models.critic import ValueModel
 

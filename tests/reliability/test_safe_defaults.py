@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.plan import describe_plan
 from ppo_trainer.tracking import mask_secrets
 

@@ -12,11 +12,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 from omegaconf import OmegaConf
 
-from ppo_trainer import cli
-from ppo_trainer import config as cli_config
-from ppo_trainer.config import ConfigError
+from ppo_trainer import cli, composition, overrides
+from ppo_trainer.config import CONFIG_DIR, ConfigError, group_options
 
-SWEEPS = cli_config.group_options("sweep")
+SWEEPS = group_options("sweep")
 
 
 def test_there_are_grid_and_optuna_examples():
@@ -25,7 +24,7 @@ def test_there_are_grid_and_optuna_examples():
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_file_is_global_and_starts_with_its_command(name):
-    lines = (cli_config.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()
+    lines = (CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()
     assert lines[0] == "# @package _global_"
     assert lines[1].startswith("# ppo-train --multirun +experiment=") and lines[1].endswith(f" +sweep={name}")
 
@@ -53,12 +52,12 @@ def test_a_swept_learning_rate_brackets_the_value_of_the_recipe_the_file_names(n
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_file_params_pass_the_schema_checks(name, monkeypatch):
-    monkeypatch.setattr(cli_config, "installed_sweepers", lambda: {"basic", "optuna"})
-    cli_config.check_overrides([f"+sweep={name}"])
+    monkeypatch.setattr(overrides, "installed_sweepers", lambda: {"basic", "optuna"})
+    overrides.check_overrides([f"+sweep={name}"])
 
 
 def test_optuna_sweep_without_the_plugin_exits_2_with_the_install_command(monkeypatch, capsys):
-    monkeypatch.setattr(cli_config, "installed_sweepers", lambda: {"basic"})
+    monkeypatch.setattr(overrides, "installed_sweepers", lambda: {"basic"})
     with pytest.raises(SystemExit) as exit_info:
         cli.train_main(["--multirun", "+experiment=smoke", "+sweep=optuna_smoke"])
     assert exit_info.value.code == 2
@@ -68,25 +67,25 @@ def test_optuna_sweep_without_the_plugin_exits_2_with_the_install_command(monkey
 
 
 def test_selecting_an_uninstalled_sweeper_on_the_command_line_is_a_config_error(monkeypatch):
-    monkeypatch.setattr(cli_config, "installed_sweepers", lambda: {"basic"})
+    monkeypatch.setattr(overrides, "installed_sweepers", lambda: {"basic"})
     with pytest.raises(ConfigError, match=r"hydra/sweeper=optuna is not installed: pip install 'ppo-trainer\[optuna\]'"):
-        cli_config.check_overrides(["hydra/sweeper=optuna", "gae.lam=interval(0.9,1.0)"])
+        overrides.check_overrides(["hydra/sweeper=optuna", "gae.lam=interval(0.9,1.0)"])
 
 
 @pytest.mark.parametrize("override", ["gae.lam=interval(0.9,1.0)", "critic.lr=tag(log, interval(1e-4,1e-2))",
                                       "gae.lam=range(0.9,1.0,0.05)", "sampler.n=int(interval(1,4))"])
 def test_interval_and_range_sweeps_are_checked_by_their_values(override):
-    cli_config.check_overrides([override])
+    overrides.check_overrides([override])
 
 
 def test_a_float_interval_over_an_integer_key_is_a_config_error():
     with pytest.raises(ConfigError, match="sampler.n"):
-        cli_config.check_overrides(["sampler.n=interval(1,4)"])
+        overrides.check_overrides(["sampler.n=interval(1,4)"])
 
 
 def test_unknown_sweep_names_the_available_ones():
     with pytest.raises(ConfigError, match=r"unknown option '\+sweep=nope'; available: .*kl_and_lambda"):
-        cli_config.check_overrides(["+sweep=nope"])
+        overrides.check_overrides(["+sweep=nope"])
 
 
 def test_grid_sweep_file_drives_the_multirun(tmp_path: Path):
@@ -115,7 +114,7 @@ def test_a_grid_sweep_value_out_of_range_stops_the_command_before_job_0(capsys, 
 def test_a_sweep_files_values_are_checked_with_the_command_lines_fixed_keys(monkeypatch):
     """kl_and_lambda sweeps gae.lam over values all valid; a command-line key replaces the file's sweep."""
     checked = []
-    monkeypatch.setattr(cli_config, "compose", lambda overrides: checked.append(sorted(overrides)))
-    cli_config.check_grid_sweep(["+experiment=smoke", "+sweep=kl_and_lambda", "gae.kl_coef=0.01"])
+    monkeypatch.setattr(composition, "compose", lambda overrides: checked.append(sorted(overrides)))
+    composition.check_grid_sweep(["+experiment=smoke", "+sweep=kl_and_lambda", "gae.kl_coef=0.01"])
     assert checked == [["+experiment=smoke", "gae.kl_coef=0.01", "gae.lam=0.95"],
                        ["+experiment=smoke", "gae.kl_coef=0.01", "gae.lam=1.0"]]

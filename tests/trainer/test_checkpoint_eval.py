@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.evaluate import run_eval
 from ppo_trainer.trainer import run_training
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import compose
-from ppo_trainer.config import ConfigError, kl_in_reward
+from ppo_trainer.composition import compose
+from ppo_trainer.config import ConfigError
 from ppo_trainer.data import PromptRecord
+from ppo_trainer.derived_settings import kl_in_reward, uses_reference
 from ppo_trainer.plan import describe_plan
 from ppo_trainer.trainer import Trainer
-from ppo_trainer.workers.roles import uses_reference
 
 ROUTES = {  # overrides -> (KL in the reward, KL in the loss, the plan's word)
     (): (True, False, "reward"),

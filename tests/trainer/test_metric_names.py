@@ -8,7 +8,9 @@ import json
 import pytest
 
 from ppo_trainer import metric_names
-from ppo_trainer.config import ConfigError, compose, uses_reference
+from ppo_trainer.composition import compose
+from ppo_trainer.config import ConfigError
+from ppo_trainer.derived_settings import uses_reference
 from ppo_trainer.trainer import run_training
 
 VARIANTS = {

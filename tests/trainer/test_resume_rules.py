@@ -13,7 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from ppo_trainer import resume, run_folder
-from ppo_trainer.config import ConfigError, compose
+from ppo_trainer.composition import compose
+from ppo_trainer.config import ConfigError
 from ppo_trainer.engine.optim import lr_factor
 from ppo_trainer.trainer import Trainer, run_training
 
@@ -86,10 +87,18 @@ def test_a_changed_warmup_reshapes_the_schedule_from_the_restored_step(run_copy)
     assert metrics(run_copy)[3]["actor/lr"] == pytest.approx(expected)
 
 
+def test_a_changed_critic_schedule_and_floor_reshape_its_schedule_from_the_restored_step(run_copy):
+    resume_run(run_copy, "critic.schedule=cosine", "critic.min_lr_ratio=0.5")
+    done, total = 2 * OPTIMIZER_STEPS_PER_PPO_STEP, 6 * OPTIMIZER_STEPS_PER_PPO_STEP  # trainer.total_steps=6
+    expected = sum(1e-3 * lr_factor(done + i, 0, "cosine", total, 0.5)
+                   for i in range(OPTIMIZER_STEPS_PER_PPO_STEP)) / OPTIMIZER_STEPS_PER_PPO_STEP
+    assert metrics(run_copy)[3]["critic/lr"] == pytest.approx(expected)
+
+
 def test_the_restored_optimizers_take_the_configs_betas_eps_and_weight_decay(run_copy):
     cfg = compose([*BASE, f"trainer.output_dir={run_copy}", "model.optim.betas=[0.8,0.95]", "model.optim.eps=1e-6",
-                   "model.optim.weight_decay=0.1", "critic.weight_decay=0.05", "algorithm.clip_ratio_low=0.1",
-                   "algorithm.clip_ratio_high=0.3"])
+                   "model.optim.weight_decay=0.1", "critic.weight_decay=0.05", "critic.betas=[0.7,0.9]",
+                   "critic.eps=1e-5", "algorithm.clip_ratio_low=0.1", "algorithm.clip_ratio_high=0.3"])
     with run_folder.exclusive(run_folder.absolute_output_dir(cfg)):
         trainer = Trainer.from_config(cfg)
         try:
@@ -99,6 +108,7 @@ def test_the_restored_optimizers_take_the_configs_betas_eps_and_weight_decay(run
             assert all(g["betas"] == (0.8, 0.95) and g["eps"] == 1e-6 for g in groups)
             assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.1]  # norms and biases decay-free
             assert sorted(g["weight_decay"] for g in critic.optimizer.param_groups) == [0.0, 0.05]
+            assert all(g["betas"] == (0.7, 0.9) and g["eps"] == 1e-5 for g in critic.optimizer.param_groups)
             assert (actor.algorithm.clip_ratio_low, actor.algorithm.clip_ratio_high) == (0.1, 0.3)
         finally:
             trainer.close()

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from ppo_trainer import run_folder
 from ppo_trainer.cli import train_main
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.tracking import wandb_run_id
 from ppo_trainer.trainer import NonFiniteError, run_training
 

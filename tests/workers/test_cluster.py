@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.plan import launcher_problem
 from ppo_trainer.workers.cluster import (MARKER, ClusterMismatch, NodeReport, check_reports, folder_problem,
                                          model_paths, package_versions, packages_for, source_digest, version_problems,

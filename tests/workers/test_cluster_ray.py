@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 
 from ppo_trainer.cli import train_main
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 
 from .conftest import ray_overrides
 

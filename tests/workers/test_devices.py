@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.plan import placement_lines
 from ppo_trainer.workers import devices
 from ppo_trainer.workers.devices import (

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.workers.devices import PlacementError, detect, plan_placement
 
 from .conftest import computing_on_cpu, node_info, ray_overrides

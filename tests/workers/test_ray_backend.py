@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.rollout.base import assemble_rollout, prompts_to_batch
 from ppo_trainer.workers.devices import detect, plan_placement
 from ppo_trainer.workers.group import build_groups

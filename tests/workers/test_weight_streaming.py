@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_trainer.config import compose
+from ppo_trainer.composition import compose
 from ppo_trainer.evaluate import prompt_batch
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.run_folder import absolute_output_dir, exclusive
