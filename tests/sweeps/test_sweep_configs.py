@@ -29,7 +29,7 @@ def test_sweep_file_is_global_and_starts_with_its_command(name):
     assert lines[1].startswith("# ppo-train --multirun +experiment=") and lines[1].endswith(f" +sweep={name}")
 
 
-LR_SWEEPS = [(name, key) for name in SWEEPS for key in cli_config.sweep_file(name)[1] if key.split(".")[-1] == "lr"]
+LR_SWEEPS = [(name, key) for name in SWEEPS for key in overrides.sweep_file(name)[1] if key.split(".")[-1] == "lr"]
 
 
 def test_some_sweep_files_sweep_a_learning_rate():
@@ -40,10 +40,10 @@ def test_some_sweep_files_sweep_a_learning_rate():
 def test_a_swept_learning_rate_brackets_the_value_of_the_recipe_the_file_names(name, key):
     """Within 10x either side of the recipe's own value: a CPU recipe swept with a GPU recipe's
     learning rates (50-200x too low) spent its whole sweep on runs that barely move."""
-    header = (cli_config.CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()[1]
+    header = (CONFIG_DIR / "sweep" / f"{name}.yaml").read_text().splitlines()[1]
     experiment = re.search(r"\+experiment=(\S+)", header).group(1)
-    recipe_value = OmegaConf.select(cli_config.compose([f"+experiment={experiment}"]), key)
-    override = OverridesParser.create().parse_overrides([f"{key}={cli_config.sweep_file(name)[1][key]}"])[0]
+    recipe_value = OmegaConf.select(composition.compose([f"+experiment={experiment}"]), key)
+    override = OverridesParser.create().parse_overrides([f"{key}={overrides.sweep_file(name)[1][key]}"])[0]
     sweep = override.value()
     values = [sweep.start, sweep.end] if isinstance(sweep, IntervalSweep) else list(override.sweep_iterator())
     assert min(values) <= recipe_value <= max(values), (experiment, recipe_value, values)
