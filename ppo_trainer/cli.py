@@ -26,6 +26,14 @@ log = logging.getLogger("ppo_trainer")
 _task_started = False  # tells Hydra's exits (a config error) from our task's
 
 
+def check_search_direction(search: object, objective: str) -> None:
+    """An Optuna search and the runs it starts must agree on which objective value is best: the
+    runs report (and `ppo-sweep-report` ranks) by `trainer.objective_direction`."""
+    if search != objective:
+        raise ConfigError(f"hydra.sweeper.direction={search} but trainer.objective_direction={objective}: the "
+                          "search would steer towards what the runs call worst; set both to the same direction")
+
+
 def _run_training(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -48,6 +56,8 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
                           worst, e)
                 return worst
             raise
+        if multirun and "optuna" in str(hydra_cfg.sweeper.get("_target_", "")):
+            check_search_direction(hydra_cfg.sweeper.get("direction"), cfg.trainer.objective_direction)
         user_set_output = any(o.lstrip("+").startswith("trainer.output_dir=") for o in hydra_cfg.overrides.task)
         if multirun:  # each sweep job writes (and resumes) in its own folder: the job's, or <output_dir>/<job number>
             cfg.trainer.output_dir = (str(Path(cfg.trainer.output_dir) / str(hydra_cfg.job.num)) if user_set_output

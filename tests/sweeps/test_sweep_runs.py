@@ -118,3 +118,11 @@ def test_an_optuna_trial_with_invalid_values_scores_the_worst_and_the_search_goe
     assert result.stderr.count("not run, its values are invalid (scored -inf): 'gae.lam' must be in [0, 1]") == 2
     best = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     assert best.best_params["gae.lam"] < 1 and best.best_value > float("-inf")
+
+
+def test_an_optuna_search_minimising_what_the_runs_maximise_exits_2_before_a_trial_trains(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    result = multirun(*SHORT, "+sweep=optuna_smoke", "hydra.sweeper.direction=minimize", cwd=tmp_path, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert ("hydra.sweeper.direction=minimize but trainer.objective_direction=maximize" in result.stderr)
+    assert not list((tmp_path / "sweep").glob("*/metrics.jsonl"))
