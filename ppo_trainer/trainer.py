@@ -24,14 +24,15 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
+from ppo_trainer.dtypes import resolve_dtype
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
                                   validation_seed)
 from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
+from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster import remove_marker, write_marker
-from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import WorkerError
 

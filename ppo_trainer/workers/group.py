@@ -10,7 +10,8 @@ from omegaconf import DictConfig
 from ppo_trainer import watchdog
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.distributed import init_one_rank
-from ppo_trainer.workers.devices import DeviceKind, detect, roles_of
+from ppo_trainer.workers.accelerators import DeviceKind, detect
+from ppo_trainer.workers.placement import roles_of
 from ppo_trainer.workers.roles import Worker, replica_seed
 
 

@@ -19,7 +19,8 @@ from ppo_trainer.engine.reward_model import RewardModelEngine
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
 from ppo_trainer.workers.cluster import folder_problem, this_node
-from ppo_trainer.workers.devices import DISTRIBUTED_ROLES, bound_cpu_kernel_caches, keep_freed_host_memory
+from ppo_trainer.workers.placement import DISTRIBUTED_ROLES
+from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches, keep_freed_host_memory
 
 
 def replica_seed(seed: int, replica: int) -> int:

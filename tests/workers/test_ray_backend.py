@@ -19,7 +19,8 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import compose
 from ppo_trainer.rollout.base import assemble_rollout, prompts_to_batch
-from ppo_trainer.workers.devices import detect, plan_placement
+from ppo_trainer.workers.accelerators import detect
+from ppo_trainer.workers.placement import plan_placement
 from ppo_trainer.workers.group import build_groups
 
 from .conftest import computing_on_cpu, node_info, ray_overrides
