@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import pytest
 import torch
 
+from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.base import prompts_to_batch
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.process_tuning import CPU_KERNEL_CACHE_CAPACITY, CPU_KERNEL_CACHE_VARS
@@ -41,14 +42,14 @@ def test_each_replica_samples_with_its_own_seed_and_one_replica_keeps_the_seed()
     seeds = {}
     for replicas in (1, 2, 4):
         workers = Recording(replicas)
-        group = WorkerGroup(workers)
-        out = group.run_split("generate", prompts(8), 2, seed=1234)
+        group = WorkerGroup("rollout", workers)
+        out = group.run_split(Sampler.generate, prompts(8), 2, seed=1234)
         torch.testing.assert_close(out, prompts(8).input_ids.float())  # rows come back in order
         seeds[replicas] = [args[-1] for args in workers.calls]
     assert seeds[1] == [1234]
     assert len(set(seeds[4])) == 4 and seeds[2] == seeds[4][:2]
     again = Recording(4)
-    WorkerGroup(again).run_split("generate", prompts(8), 2, seed=1234)
+    WorkerGroup("rollout", again).run_split(Sampler.generate, prompts(8), 2, seed=1234)
     assert [args[-1] for args in again.calls] == seeds[4]  # deterministic
 
 
