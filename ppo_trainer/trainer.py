@@ -224,7 +224,8 @@ class Trainer:
             records = next(self.loader)
             prompts = prompt_batch(records, self.pad_id)
             with timer("gen"), self.rollout_awake():
-                batch = self.rollout.run_split(Sampler.generate, prompts, cfg.sampler.n, seed=step_seed(cfg.trainer.seed, step))
+                batch = self.rollout.run_split(Sampler.generate, prompts, cfg.sampler.n,
+                                               seed=step_seed(cfg.trainer.seed, step))
             with timer("reward"):
                 scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
                 metrics.update(reward_metrics(scores, cfg.reward))
@@ -250,9 +251,11 @@ class Trainer:
                 metrics.update({f"rollout_corr/{k}": v.item() for k, v in stats.items()})
             if self.uses_reference:
                 with timer("ref"):
-                    batch = batch.with_fields(ref_logprobs=self.actor.run_split(ActorEngine.compute_ref_logprobs, batch))
+                    ref = self.actor.run_split(ActorEngine.compute_ref_logprobs, batch)
+                    batch = batch.with_fields(ref_logprobs=ref)
             with timer("values"):
-                batch = batch.with_fields(values=self.critic.run_split(CriticEngine.compute_values, batch, keep_for_update=True))
+                values = self.critic.run_split(CriticEngine.compute_values, batch, keep_for_update=True)
+                batch = batch.with_fields(values=values)
             with timer("adv"):
                 batch, adv_metrics = self.compute_advantages(batch, step)
                 metrics.update(adv_metrics)
@@ -327,7 +330,8 @@ class Trainer:
         """Stream the actor's current weights (LoRA merged, in the compute dtype) from its rank 0
         straight into every rollout replica, in buckets of sampler.sync_bucket_mb; returns the bytes
         each replica received."""
-        sent = self.actor.run_all(Worker.push_weights, self.rollout.receivers(), int(self.cfg.sampler.sync_bucket_mb * 2**20))
+        bucket_bytes = int(self.cfg.sampler.sync_bucket_mb * 2**20)
+        sent = self.actor.run_all(Worker.push_weights, self.rollout.receivers(), bucket_bytes)
         self.rollout.run_all(Sampler.finish_weight_sync)
         return sent[0]
 
