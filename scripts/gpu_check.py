@@ -112,8 +112,6 @@ def overrides(model: Path, out: Path, rehearse: bool) -> list[str]:
 
 def one_step(cfg: Any, plan_total: float) -> dict[str, Any]:
     """A PPO step of the recipe; its phases, each role's peak memory, the plan's total."""
-    from ppo_trainer.engine.actor import ActorEngine
-    from ppo_trainer.engine.critic import CriticEngine
     from ppo_trainer.run_folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
@@ -142,6 +140,8 @@ def resume_round_trip(cfg: Any) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
+    from ppo_trainer.engine.actor import ActorEngine
+    from ppo_trainer.engine.critic import CriticEngine
     from ppo_trainer.run_folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
