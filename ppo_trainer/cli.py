@@ -111,7 +111,7 @@ def _exit(what: str, error: BaseException, code: int) -> NoReturn:
 # Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
 _INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
                  ("ppo_trainer.checkpoint", "CheckpointError"), ("ppo_trainer.run_folder", "OutputDirBusy"),
-                 ("ppo_trainer.workers.devices", "PlacementError"), ("ppo_trainer.workers.cluster", "ClusterMismatch"))
+                 ("ppo_trainer.workers.placement", "PlacementError"), ("ppo_trainer.workers.cluster", "ClusterMismatch"))
 _RUN_ERRORS = (("ppo_trainer.rewards.calling", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
                ("ppo_trainer.trainer", "StoppedBySignal"),
                ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))

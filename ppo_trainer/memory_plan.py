@@ -119,7 +119,8 @@ def gib(n: float) -> str:
 
 def compute_bytes(cfg: Any, key: str) -> int:
     """Bytes per element of a role's compute dtype (`auto` as the device resolves it)."""
-    from ppo_trainer.workers.devices import detect, resolve_dtype
+    from ppo_trainer.dtypes import resolve_dtype
+    from ppo_trainer.workers.accelerators import detect
 
     return DTYPE_BYTES[resolve_dtype(cfg[key].dtype, detect(cfg.devices.accelerator).torch_device_type)]
 
@@ -195,7 +196,7 @@ def rollout_line(cfg: Any, dims: Dims, device_bytes: Optional[float]) -> Line:
 
 def device_memory(cfg: Any) -> tuple[Optional[float], str]:
     """(bytes, description) of one device of the run's kind as this machine sees it, or (None, why)."""
-    from ppo_trainer.workers.devices import detect
+    from ppo_trainer.workers.accelerators import detect
 
     kind = detect(cfg.devices.accelerator).torch_device_type
     if kind == "cpu":

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from pathlib import Path
 from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.batch_sizes import batch_arithmetic
-from ppo_trainer.derived_settings import kl_in_reward, uses_reference
-from ppo_trainer.memory_plan import memory_plan
-from ppo_trainer.rewards.remote import url_problem
 from ppo_trainer.data.datasets import describe_split
+from ppo_trainer.derived_settings import kl_in_reward, uses_reference
+from ppo_trainer.dtypes import auto_dtype
+from ppo_trainer.memory_plan import memory_plan
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
+from ppo_trainer.rewards.remote import url_problem
 from ppo_trainer.tracking import mask_secrets
-from ppo_trainer.workers.devices import (auto_dtype, describe_placement, detect, local_device_count, plan_placement,
-                                         roles_of)
+from ppo_trainer.workers.accelerators import detect, local_device_count
+from ppo_trainer.workers.cluster import ray_address_problem
+from ppo_trainer.workers.placement import describe_placement, plan_placement, roles_of
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
@@ -183,17 +184,3 @@ def device_count_problem(cfg: DictConfig) -> str | None:
     have = f"{available}" + (" (torch_npu, Ascend's PyTorch adapter, is not installed)" if missing_runtime else "")
     return (f"devices: the config asks for {kind.count(needed)}{span} but this machine has {have}; choose fewer "
             "(devices.*.num_devices), devices=cpu, or join a cluster with devices.ray.address=HOST:PORT")
-
-
-def ray_address_problem(address: str, timeout_s: float = 5.0) -> str | None:
-    """Whether anything answers at a `host:port` devices.ray.address (a TCP connect: Ray itself would
-    retry for minutes); other forms (`auto`, `ray://...`) are left to Ray."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return None
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        return (f"devices.ray.address={address}: no Ray cluster answers there ({e.strerror or e}); start one with "
-                f"`ray start --head --port={port}` on {host}, or fix the address")
-    return None

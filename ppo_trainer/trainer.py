@@ -24,16 +24,20 @@ from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.derived_settings import kl_in_reward, uses_ground_truth, uses_reference
+from ppo_trainer.dtypes import resolve_dtype
+from ppo_trainer.engine.actor import ActorEngine
+from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
                                   validation_seed)
 from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
+from ppo_trainer.rollout import Sampler
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
+from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster import remove_marker, write_marker
-from ppo_trainer.workers.devices import detect, resolve_dtype
 from ppo_trainer.workers.group import WorkerGroup
-from ppo_trainer.workers.roles import WorkerError
+from ppo_trainer.workers.roles import Worker, WorkerError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -219,10 +223,9 @@ class Trainer:
         with timer("step"):
             records = next(self.loader)
             prompts = prompt_batch(records, self.pad_id)
-            with timer("gen"):
-                self.wake_rollout()
-                batch = self.rollout.run_split("generate", prompts, cfg.sampler.n, seed=step_seed(cfg.trainer.seed, step))
-                self.rollout.run_all("sleep")
+            with timer("gen"), self.rollout_awake():
+                batch = self.rollout.run_split(Sampler.generate, prompts, cfg.sampler.n,
+                                               seed=step_seed(cfg.trainer.seed, step))
             with timer("reward"):
                 scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
                 metrics.update(reward_metrics(scores, cfg.reward))
@@ -234,7 +237,7 @@ class Trainer:
                 batch = batch.with_fields(scores=shaped.float())
             with timer("old_logprob"):
                 if a.recompute_old_logprobs:
-                    old, entropy = self.actor.run_split("compute_logprobs_and_entropy", batch)
+                    old, entropy = self.actor.run_split(ActorEngine.compute_logprobs_and_entropy, batch)
                     metrics["actor/entropy"] = masked_mean(entropy, batch.response_mask).item()
                     metrics.update(logprob_gap_metrics(batch.sample_logprobs, old, batch.response_mask))
                 else:
@@ -248,17 +251,19 @@ class Trainer:
                 metrics.update({f"rollout_corr/{k}": v.item() for k, v in stats.items()})
             if self.uses_reference:
                 with timer("ref"):
-                    batch = batch.with_fields(ref_logprobs=self.actor.run_split("compute_ref_logprobs", batch))
+                    ref = self.actor.run_split(ActorEngine.compute_ref_logprobs, batch)
+                    batch = batch.with_fields(ref_logprobs=ref)
             with timer("values"):
-                batch = batch.with_fields(values=self.critic.run_split("compute_values", batch, keep_for_update=True))
+                values = self.critic.run_split(CriticEngine.compute_values, batch, keep_for_update=True)
+                batch = batch.with_fields(values=values)
             with timer("adv"):
                 batch, adv_metrics = self.compute_advantages(batch, step)
                 metrics.update(adv_metrics)
             with timer("update_critic"):
-                metrics.update(self.guard_nonfinite("critic", self.critic.run_all("update", batch)[0]))
+                metrics.update(self.guard_nonfinite("critic", self.critic.run_all(CriticEngine.update, batch)[0]))
             if step > a.critic_warmup:
                 with timer("update_actor"):
-                    metrics.update(self.guard_nonfinite("actor", self.actor.run_all("update", batch)[0]))
+                    metrics.update(self.guard_nonfinite("actor", self.actor.run_all(ActorEngine.update, batch)[0]))
                 with timer("sync"):
                     metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
@@ -301,20 +306,33 @@ class Trainer:
                                  f"controller ignored it (coefficient stays {self.kl_ctrl.value:g})")
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
 
-    def wake_rollout(self) -> None:
-        """Wake the rollout engines; on shared accelerators the trainers first return their cached
-        memory, which the waking engine needs (sleep mode is off on CPUs)."""
+    @contextmanager
+    def rollout_awake(self) -> Iterator[None]:
+        """The rollout engines awake for the block and asleep after it, also when the block raises (its
+        error is the one raised; a failure to sleep then is logged). Not after an interrupt: a second
+        signal stops at once. On shared accelerators the trainers first return their cached memory,
+        which the waking engine needs (sleep mode is off on CPUs)."""
         if self.cfg.devices.colocate and self.cfg.devices.accelerator != "cpu":
             for group in (self.actor, self.critic):
-                group.run_all("release_memory")
-        self.rollout.run_all("wake")
+                group.run_all(Worker.release_memory)
+        self.rollout.run_all(Sampler.wake)
+        try:
+            yield
+        except Exception:
+            try:
+                self.rollout.run_all(Sampler.sleep)
+            except Exception as e:  # noqa: BLE001  (a dead worker cannot sleep; the block's error says why)
+                log.warning("the rollout engines did not go to sleep after an error: %s", e)
+            raise
+        self.rollout.run_all(Sampler.sleep)
 
     def sync_rollout_weights(self) -> int:
         """Stream the actor's current weights (LoRA merged, in the compute dtype) from its rank 0
         straight into every rollout replica, in buckets of sampler.sync_bucket_mb; returns the bytes
         each replica received."""
-        sent = self.actor.run_all("push_weights", self.rollout.receivers(), int(self.cfg.sampler.sync_bucket_mb * 2**20))
-        self.rollout.run_all("finish_weight_sync")
+        bucket_bytes = int(self.cfg.sampler.sync_bucket_mb * 2**20)
+        sent = self.actor.run_all(Worker.push_weights, self.rollout.receivers(), bucket_bytes)
+        self.rollout.run_all(Sampler.finish_weight_sync)
         return sent[0]
 
     def perf_metrics(self, batch: Batch, seconds: float) -> dict[str, float]:
@@ -322,7 +340,7 @@ class Trainer:
         (`Worker.peak_memory_gb`: the accelerator allocator's, else the process's resident set)."""
         devices = len(self.actor) + (0 if self.cfg.devices.colocate else len(self.critic) + len(self.rollout))
         tokens = batch.attention_mask.sum().item()
-        peaks = {role: max(group.run_all("peak_memory_gb", reset=True)) for role, group in self.groups.items()}
+        peaks = {role: max(group.run_all(Worker.peak_memory_gb, reset=True)) for role, group in self.groups.items()}
         return {"perf/throughput": tokens / seconds / devices, "perf/max_memory_allocated_gb": max(peaks.values()),
                 **{f"perf/{role}/max_memory_allocated_gb": peak for role, peak in peaks.items()}}
 
@@ -341,15 +359,14 @@ class Trainer:
         sampling = {"greedy": True} if temperature is None else {"temperature": temperature}
 
         def generate(prompts: Batch, seed: int) -> Batch:
-            return self.rollout.run_split("generate", prompts, e.n, seed=seed, max_new_tokens=e.max_new_tokens,
+            return self.rollout.run_split(Sampler.generate, prompts, e.n, seed=seed, max_new_tokens=e.max_new_tokens,
                                           **sampling)
 
         output_file = self.output_dir / "val_generations" / f"step_{self.step}.jsonl" if e.save_generations else None
-        self.wake_rollout()
-        result = evaluate_records(generate, self.val_records, self.val_scorer, pad_id=self.pad_id, n=e.n,
-                                  seed=validation_seed(self.cfg.trainer.seed, self.step), limit=e.limit,
-                                  batch_size=e.batch_size, extract=EXTRACTORS[r.mode], output_file=output_file)
-        self.rollout.run_all("sleep")
+        with self.rollout_awake():
+            result = evaluate_records(generate, self.val_records, self.val_scorer, pad_id=self.pad_id, n=e.n,
+                                      seed=validation_seed(self.cfg.trainer.seed, self.step), limit=e.limit,
+                                      batch_size=e.batch_size, extract=EXTRACTORS[r.mode], output_file=output_file)
         return validation_metrics(result)
 
     def save(self, best: bool = False) -> Path:
@@ -359,14 +376,14 @@ class Trainer:
         try:
             staging = checkpoint.begin(self.output_dir, self.step)
             marker = write_marker(staging)
-            self.actor.run_all("save", str(staging), marker)
-            self.critic.run_all("save", str(staging), marker)
+            self.actor.run_all(Worker.save, str(staging), marker)
+            self.critic.run_all(Worker.save, str(staging), marker)
             remove_marker(staging)
             state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                      "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
                      "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data,
                      "reward_norm": self.scorer.state_dict()}
-            workers = {role: group.run_all("rng_state") for role, group in self.groups.items()}
+            workers = {role: group.run_all(Worker.rng_state) for role, group in self.groups.items()}
             checkpoint.save_trainer_state(staging / "state", state,
                                           {"torch": torch.get_rng_state(), "workers": workers},
                                           run_folder.resolved_config(self.cfg))
@@ -382,8 +399,8 @@ class Trainer:
         """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state). The
         engines keep the config's optimizer values; `restore_kl=False` (gae.kl_coef or kl_ctrl changed):
         the KL controller starts from the config's coefficient."""
-        self.actor.run_all("load", str(folder))
-        self.critic.run_all("load", str(folder))
+        self.actor.run_all(Worker.load, str(folder))
+        self.critic.run_all(Worker.load, str(folder))
         self.loader.load_state_dict(state["loader"])
         if restore_kl:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
@@ -392,7 +409,7 @@ class Trainer:
         for role, group in self.groups.items():  # after the loads: building and loading draw numbers too
             saved = rng.get("workers", {}).get(role)
             if saved is not None and len(saved) == len(group):
-                group.run_each("set_rng_state", [(s,) for s in saved])
+                group.run_each(Worker.set_rng_state, [(s,) for s in saved])
             else:
                 log.warning("%s: no RNG state for %d replicas in the checkpoint; the resume is not bit-exact",
                             role, len(group))

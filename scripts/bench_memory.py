@@ -8,7 +8,7 @@ build, each validation and every timed phase of every step: seconds, the residen
 before, at its peak and after, and where the C library is glibc, the heap's bytes in use at their
 peak and the heap's size after the phase. Heap size less peak use is memory the allocator holds
 that the run never needed at once: free blocks between live ones, which CPU workers keep for reuse
-(`workers.devices.keep_freed_host_memory`) instead of handing them back. A thread samples
+(`workers.process_tuning.keep_freed_host_memory`) instead of handing them back. A thread samples
 every --interval seconds, so a spike shorter than that can be missed. The table also goes to --out.
 """
 

@@ -302,7 +302,7 @@ def main() -> None:
 
     from ppo_trainer.derived_settings import uses_reference
     from ppo_trainer.tracking import console_stream, engine_output_to_file
-    from ppo_trainer.workers.devices import resolve_dtype
+    from ppo_trainer.dtypes import resolve_dtype
 
     dtype = resolve_dtype(args.dtype, args.device)
     measured = measure_ceilings(args.device, getattr(torch, dtype))

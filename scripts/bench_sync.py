@@ -34,7 +34,10 @@ def driver_peak_gb() -> float:
 
 def run_case(model: str, lora: bool, replicas: int, repeats: int) -> dict:
     from ppo_trainer.composition import compose
+    from ppo_trainer.engine.actor import ActorEngine
+    from ppo_trainer.rollout import Sampler
     from ppo_trainer.workers.group import build_groups
+    from ppo_trainer.workers.roles import Worker
 
     lora_keys = ["model.lora.rank=32", "model.lora.alpha=64"] if lora else ["model.lora.rank=0"]
     cfg = compose([*MODELS[model], *lora_keys, "devices.backend=ray", "devices.accelerator=cpu",
@@ -44,23 +47,23 @@ def run_case(model: str, lora: bool, replicas: int, repeats: int) -> dict:
 
     def peaks() -> dict:
         return {"driver_gb": round(driver_peak_gb(), 3),
-                "replica_gb": round(max(rollout.run_all("peak_memory_gb")), 3)}
+                "replica_gb": round(max(rollout.run_all(Worker.peak_memory_gb)), 3)}
 
     result = {"model": model, "lora": lora, "replicas": replicas, "after_build": peaks()}
     bucket = int(cfg.sampler.sync_bucket_mb * 2**20)
     seconds, sent = [], 0
     for _ in range(repeats):
         start = time.perf_counter()
-        sent = actor.run_all("push_weights", rollout.receivers(), bucket)[0]
-        rollout.run_all("finish_weight_sync")
+        sent = actor.run_all(Worker.push_weights, rollout.receivers(), bucket)[0]
+        rollout.run_all(Sampler.finish_weight_sync)
         seconds.append(time.perf_counter() - start)
     result["streamed"] = {"seconds": round(statistics.median(seconds), 3), "driver_bytes": 0,
                           "bytes_per_replica": sent, **peaks()}
     seconds, received = [], 0
     for _ in range(repeats):
         start = time.perf_counter()
-        state = actor.run_all("full_state_dict")[0]
-        rollout.run_all("sync_weights", state)
+        state = actor.run_all(ActorEngine.full_state_dict)[0]
+        rollout.run_all(Sampler.sync_weights, state)
         seconds.append(time.perf_counter() - start)
         received = sum(t.numel() * t.element_size() for t in state.values())
         del state

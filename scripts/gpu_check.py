@@ -140,6 +140,8 @@ def resume_round_trip(cfg: Any) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
+    from ppo_trainer.engine.actor import ActorEngine
+    from ppo_trainer.engine.critic import CriticEngine
     from ppo_trainer.run_folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
@@ -148,8 +150,8 @@ def resume_round_trip(cfg: Any) -> dict[str, Any]:
     with exclusive(absolute_output_dir(cfg)):
         trainer = Trainer.from_config(cfg)
         try:
-            actor_state = trainer.actor.run_all("full_state_dict")[0]
-            critic = trainer.critic.run_all("full_state_dict")[0]
+            actor_state = trainer.actor.run_all(ActorEngine.full_state_dict)[0]
+            critic = trainer.critic.run_all(CriticEngine.full_state_dict)[0]
             dtype = getattr(torch, trainer.critic.workers.worker.engine.dtype)
         finally:
             trainer.close()

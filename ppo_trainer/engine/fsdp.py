@@ -18,10 +18,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import OptimConfig
+from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
 from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
 from ppo_trainer.engine.optim import apply_hyperparameters, build_optimizer, build_scheduler
-from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
 ENGINE_STATE = "engine_state.json"
 

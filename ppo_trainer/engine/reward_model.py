@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 import torch
 
+from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.engine.distributed import resolve_device
-from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
 log = logging.getLogger("ppo_trainer")
 

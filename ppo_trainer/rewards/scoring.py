@@ -187,10 +187,13 @@ class RewardModelScorer:
         self.group = group
 
     def score(self, rows: Sequence[RewardInput]) -> Scores:
+        from ppo_trainer.engine.reward_model import RewardModelEngine  # torch and transformers: with a reward model only
+
         replicas = len(self.group)
         shares = [list(range(i * len(rows) // replicas, (i + 1) * len(rows) // replicas)) for i in range(replicas)]
-        results = self.group.run_each("score_texts", [([rows[i].messages for i in share],
-                                                       [rows[i].response for i in share]) for share in shares])
+        results = self.group.run_each(RewardModelEngine.score_texts, [([rows[i].messages for i in share],
+                                                                       [rows[i].response for i in share])
+                                                                      for share in shares])
         return Scores([float(v) for result in results for v in result], [{} for _ in rows])
 
     def close(self) -> None:

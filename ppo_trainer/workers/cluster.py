@@ -2,7 +2,8 @@
 (`package_versions`, compared by `version_problems`), the output folder (a marker the driver writes,
 `folder_problem` as a worker sees it) and the model (`model_path_problem` on the node). A worker
 reports all three (`node_report`) before any model loads; `check_reports` turns the first
-differences into one line. Imports neither torch nor Ray, so a node missing them still reports."""
+differences into one line. First of all, something must answer at the cluster's address
+(`ray_address_problem`). Imports neither torch nor Ray, so a node missing them still reports."""
 
 from __future__ import annotations
 
@@ -202,3 +203,17 @@ def model_paths(cfg: DictConfig) -> dict[str, str]:
         paths["critic.path"] = cfg.critic.path
     return {key: os.path.abspath(os.path.expanduser(p)) if Path(p).expanduser().exists() else p
             for key, p in paths.items()}
+
+
+def ray_address_problem(address: str, timeout_s: float = 5.0) -> str | None:
+    """Whether anything answers at a `host:port` devices.ray.address (a TCP connect: Ray itself would
+    retry for minutes); other forms (`auto`, `ray://...`) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return (f"devices.ray.address={address}: no Ray cluster answers there ({e.strerror or e}); start one with "
+                f"`ray start --head --port={port}` on {host}, or fix the address")
+    return None

@@ -16,10 +16,11 @@ import ray
 from omegaconf import DictConfig
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ppo_trainer.workers.accelerators import DeviceKind, detect
 from ppo_trainer.workers.cluster import (CLUSTER_DOC, ClusterMismatch, NodeReport, model_paths, node_report,
-                                         package_versions, packages_for, remove_marker, version_problems,
-                                         write_marker)
-from ppo_trainer.workers.devices import DeviceKind, PlacementError, RolePlacement, detect, plan_placement
+                                         package_versions, packages_for, ray_address_problem, remove_marker,
+                                         version_problems, write_marker)
+from ppo_trainer.workers.placement import PlacementError, RolePlacement, plan_placement
 from ppo_trainer.workers.ray_backend import (PlacementPool, RayWorkers, disconnect, fit_on_cluster, start_ray,
                                              worker_config)
 from ppo_trainer.workers.roles import WorkerError
@@ -140,8 +141,6 @@ def check_pools(cfg: DictConfig, kind: DeviceKind, check: Check) -> None:
 
 def check_cluster(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> Check:
     """Every check of this module on the cluster at devices.ray.address (joined here, left after)."""
-    from ppo_trainer.plan import ray_address_problem
-
     check = Check()
     address = cfg.devices.ray.address
     unreachable = ray_address_problem(address)

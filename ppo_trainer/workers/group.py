@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 from omegaconf import DictConfig
@@ -10,8 +10,11 @@ from omegaconf import DictConfig
 from ppo_trainer import watchdog
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.distributed import init_one_rank
-from ppo_trainer.workers.devices import DeviceKind, detect, roles_of
-from ppo_trainer.workers.roles import Worker, replica_seed
+from ppo_trainer.workers.accelerators import DeviceKind, detect
+from ppo_trainer.workers.placement import roles_of
+from ppo_trainer.workers.roles import Worker, method_name, replica_seed
+
+R = TypeVar("R")
 
 
 class LocalWorkers:
@@ -58,12 +61,15 @@ def merge_rows(results: Sequence[Any], parts: Sequence[Sequence[int]]) -> Any:
 
 
 class WorkerGroup:
-    """The replicas of one role ("actor", "critic" or "rollout"). `workers`, the backend's handles on
-    them (`LocalWorkers`, `ray_backend.RayWorkers`): `call(method, args_per_replica, kwargs)` runs
-    `method` on replica i with `args_per_replica[i]`, concurrently, and returns the results by replica."""
+    """The replicas of `role` ("actor", "critic", "rollout", "reward_model"): the seam between the driver
+    and the workers. A caller names the method by reference, `group.run_all(ActorEngine.update, batch)`
+    or `Worker.save`, checked against the role and its arguments (`roles.method_name`) before any
+    worker runs. `workers`, the backend's handles on them (`LocalWorkers`, `ray_backend.RayWorkers`):
+    `call(name, args_per_replica, kwargs)` runs the method `name` on replica i with
+    `args_per_replica[i]`, concurrently, and returns the results by replica."""
 
-    def __init__(self, workers: Any):
-        self.workers = workers
+    def __init__(self, role: str, workers: Any):
+        self.role, self.workers = role, workers
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -73,23 +79,26 @@ class WorkerGroup:
         (`Worker.push_weights`): the Worker itself locally, the Ray actors on Ray."""
         return self.workers.receivers()
 
-    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def run_all(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> list[R]:
         """Every replica, same arguments (collectives: `update` takes the full batch on every rank)."""
-        return self.workers.call(method, [args] * len(self.workers), kwargs)
+        return self.workers.call(method_name(self.role, method, args, kwargs), [args] * len(self.workers), kwargs)
 
-    def run_each(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
+    def run_each(self, method: Callable[..., R], args_per_replica: Sequence[tuple]) -> list[R]:
         """Replica i gets `args_per_replica[i]` (e.g. its own saved state)."""
-        return self.workers.call(method, list(args_per_replica), {})
+        name = method_name(self.role, method, args_per_replica[0])
+        return self.workers.call(name, list(args_per_replica), {})
 
-    def run_split(self, method: str, batch: Batch, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> Any:
+    def run_split(self, method: Callable[..., R], batch: Batch, *args: Any, seed: Optional[int] = None,
+                  **kwargs: Any) -> R:
         """Rows dealt across replicas by tokens, results in row order; replica i gets `replica_seed(seed, i)`."""
         replicas = len(self.workers)
         seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
+        name = method_name(self.role, method, (batch, *args, *seeds[0]), kwargs)
         if replicas == 1:
-            return self.workers.call(method, [(batch, *args, *seeds[0])], kwargs)[0]
+            return self.workers.call(name, [(batch, *args, *seeds[0])], kwargs)[0]
         parts = batch.deal(replicas)
         shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
-        return merge_rows(self.workers.call(method, shards, kwargs), parts)
+        return merge_rows(self.workers.call(name, shards, kwargs), parts)
 
     def shutdown(self) -> None:
         self.workers.shutdown()
@@ -102,7 +111,7 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
     if cfg.devices.backend == "ray":
         from ppo_trainer.workers.ray_backend import build_ray_groups
 
-        return {role: WorkerGroup(workers) for role, workers in build_ray_groups(cfg, kind).items()}
+        return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
     timeout = cfg.trainer.worker_timeout_s
     init_one_rank(torch.device(kind.torch_device_type))  # every role in this process: no peers to wait for
     groups = {}
@@ -110,5 +119,5 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
         with watchdog.deadline(timeout, lambda: f"building the {role} worker took longer than "
                                                 f"trainer.worker_timeout_s={timeout:g} s; stopped"):
             worker = Worker(role, cfg, kind.torch_device_type)
-        groups[role] = WorkerGroup(LocalWorkers(worker, role, timeout))
+        groups[role] = WorkerGroup(role, LocalWorkers(worker, role, timeout))
     return groups

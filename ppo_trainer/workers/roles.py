@@ -4,9 +4,10 @@ a backend drives (the local backend holds one, the Ray backend one per Ray actor
 from __future__ import annotations
 
 import gc
+import inspect
 import resource
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig
@@ -20,7 +21,8 @@ from ppo_trainer.engine.reward_model import RewardModelEngine
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
 from ppo_trainer.workers.cluster import folder_problem, this_node
-from ppo_trainer.workers.devices import DISTRIBUTED_ROLES, bound_cpu_kernel_caches, keep_freed_host_memory
+from ppo_trainer.workers.placement import DISTRIBUTED_ROLES
+from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches, keep_freed_host_memory
 
 
 def replica_seed(seed: int, replica: int) -> int:
@@ -87,6 +89,10 @@ class SharedFolderError(RuntimeError):
 
 
 BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout, "reward_model": build_reward_model}
+# The class whose methods a role's worker runs besides its own (`Worker.OWN_METHODS`); the rollout's
+# is the protocol every sampler follows.
+ENGINES: dict[str, type] = {"actor": ActorEngine, "critic": CriticEngine, "rollout": Sampler,
+                            "reward_model": RewardModelEngine}
 
 
 class Worker:
@@ -109,6 +115,7 @@ class Worker:
             torch.manual_seed(replica_seed(cfg.trainer.seed, self.engine.rank))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run `method`, a name from `method_name` (Ray calls an actor's methods by name)."""
         target = self if method in self.OWN_METHODS else self.engine
         return getattr(target, method)(*args, **kwargs)
 
@@ -138,13 +145,14 @@ class Worker:
         for bucket in self.engine.weight_buckets(bucket_bytes):
             local = [r for r in receivers if isinstance(r, Worker)]
             remote = [r for r in receivers if not isinstance(r, Worker)]
+            load = method_name("rollout", Sampler.load_weight_bucket, (bucket,))
             for receiver in local:
-                receiver.call("load_weight_bucket", bucket)
+                receiver.call(load, bucket)
             if remote:
                 import ray
 
                 ref = ray.put(bucket)  # one copy in the object store, whatever the number of replicas
-                ray.get([r.call.remote("load_weight_bucket", ref) for r in remote])
+                ray.get([r.call.remote(load, ref) for r in remote])
             sent += sum(t.numel() * t.element_size() for t in bucket.values())
         return sent
 
@@ -179,3 +187,22 @@ class Worker:
         for name, backend in accelerator_backends():
             if name in state:
                 backend.set_rng_state_all(state[name])
+
+
+def method_name(role: str, method: Callable[..., Any], args: Sequence[Any] = (),
+                kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """The name under which a `role` worker runs `method` (`Worker.call`): the one place a method of the
+    seam between driver and workers becomes a name. `method` is the function itself, `Worker.save` or
+    e.g. `ActorEngine.update`: one of `Worker.OWN_METHODS` or of the role's `ENGINES` class, and `args`
+    and `kwargs` must bind to its signature. So a renamed or misspelt method, one of another role, or
+    arguments it does not take fail here, in the driver, before any worker runs."""
+    name = getattr(method, "__name__", "")
+    owner = Worker if name in Worker.OWN_METHODS else ENGINES[role]
+    if getattr(owner, name, None) is not method:
+        raise TypeError(f"{getattr(method, '__qualname__', repr(method))} is not a method the {role} workers run: "
+                        f"pass one of {owner.__name__}'s, or of Worker's {', '.join(Worker.OWN_METHODS)}")
+    try:
+        inspect.signature(method).bind(None, *args, **(kwargs or {}))
+    except TypeError as e:
+        raise TypeError(f"{owner.__name__}.{name} on the {role} workers: {e}") from None
+    return name

@@ -20,7 +20,8 @@ def test_values_under_credential_like_keys_are_masked():
 
 
 def test_ray_started_by_us_binds_loopback_without_dashboard():
-    from ppo_trainer.workers.devices import detect, ray_init_kwargs
+    from ppo_trainer.workers.accelerators import detect
+    from ppo_trainer.workers.placement import ray_init_kwargs
 
     cfg = compose(["devices.backend=ray"])
     kwargs = ray_init_kwargs(cfg, detect("cpu"))

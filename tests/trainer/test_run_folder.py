@@ -209,10 +209,36 @@ def test_trainers_release_cached_memory_before_a_colocated_engine_wakes(accelera
     from ppo_trainer.trainer import Trainer
 
     calls = []
-    group = lambda name: SimpleNamespace(run_all=lambda method, *a, **k: calls.append((name, method)))  # noqa: E731
+    group = lambda name: SimpleNamespace(run_all=lambda method, *a, **k: calls.append((name, method.__name__)))  # noqa: E731
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = OmegaConf.create({"devices": {"colocate": colocate, "accelerator": accelerator}})
     trainer.actor, trainer.critic, trainer.rollout = group("actor"), group("critic"), group("rollout")
-    trainer.wake_rollout()
+    with trainer.rollout_awake():
+        pass
     expected = [("actor", "release_memory"), ("critic", "release_memory")] if released else []
-    assert calls == [*expected, ("rollout", "wake")]
+    assert calls == [*expected, ("rollout", "wake"), ("rollout", "sleep")]
+
+
+def test_the_rollout_sleeps_after_a_validation_that_fails_and_the_failure_is_the_one_raised():
+    """A colocated vLLM engine left awake after a failed call would keep its weights and KV cache in
+    the memory the trainers need next."""
+    from types import SimpleNamespace
+
+    from ppo_trainer.data import PromptRecord
+    from ppo_trainer.trainer import Trainer
+    from ppo_trainer.workers.roles import WorkerError
+
+    calls = []
+
+    def run_split(method, *args, **kwargs):
+        raise WorkerError("rollout worker rank 0 of 1 failed in generate: RuntimeError: out of memory")
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = compose(["+experiment=smoke", "eval.save_generations=false"])
+    trainer.rollout = SimpleNamespace(run_all=lambda method, *a, **k: calls.append(method.__name__),
+                                      run_split=run_split)
+    trainer.step, trainer.pad_id, trainer.val_scorer = 0, 0, None
+    trainer.val_records = [PromptRecord(0, "1+1?", "1+1?", (1, 2, 3), "2", "arithmetic")]
+    with pytest.raises(WorkerError, match="out of memory"):
+        trainer.validate()
+    assert calls == ["wake", "sleep"]

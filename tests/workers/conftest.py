@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from ppo_trainer.workers.devices import DeviceKind
+from ppo_trainer.workers.accelerators import DeviceKind
 
 NODE_CPUS = 4
 NODE_GPUS = 2

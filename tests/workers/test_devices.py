@@ -9,15 +9,9 @@ import pytest
 
 from ppo_trainer.composition import compose
 from ppo_trainer.plan import placement_lines
-from ppo_trainer.workers import devices
-from ppo_trainer.workers.devices import (
-    ClusterNode,
-    PlacementError,
-    assign_nodes,
-    detect,
-    plan_placement,
-    ray_init_kwargs,
-)
+from ppo_trainer.workers import accelerators, placement
+from ppo_trainer.workers.accelerators import detect
+from ppo_trainer.workers.placement import ClusterNode, PlacementError, assign_nodes, plan_placement, ray_init_kwargs
 
 from .conftest import computing_on_cpu
 
@@ -30,7 +24,7 @@ def test_explicit_accelerators_map_to_ray_resource_visible_variable_and_backend(
 
 
 def test_npu_detected_without_torch_npu_maps_to_npu_ascend_variable_and_hccl(monkeypatch):
-    monkeypatch.setattr(devices, "local_device_count", lambda name: 8 if name == "npu" else 0)
+    monkeypatch.setattr(accelerators, "local_device_count", lambda name: 8 if name == "npu" else 0)
     kind = detect("auto")
     assert kind.name == "npu" and kind.torch_device_type == "npu"
     assert kind.ray_resource == "NPU"
@@ -52,22 +46,22 @@ def test_computing_on_cpu_keeps_the_ray_resource_and_switches_to_gloo():
 
 def test_local_ray_registers_the_npus_torch_npu_sees(monkeypatch):
     cfg = compose(["devices=npu"])
-    monkeypatch.setattr(devices, "local_device_count", lambda name: 8)
+    monkeypatch.setattr(placement, "local_device_count", lambda name: 8)
     kwargs = ray_init_kwargs(cfg, detect("npu"))
     assert kwargs["resources"] == {"NPU": 8.0}
     assert kwargs["_node_ip_address"] == "127.0.0.1"
     assert kwargs["include_dashboard"] is False
-    monkeypatch.setattr(devices, "local_device_count", lambda name: 0)
+    monkeypatch.setattr(placement, "local_device_count", lambda name: 0)
     assert "resources" not in ray_init_kwargs(cfg, detect("npu"))
 
 
 def test_local_ray_declares_a_cpu_per_bundle_on_a_two_core_machine_unless_overridden(monkeypatch):
     cfg = compose(["devices.backend=ray", "devices.actor.num_devices=2", "devices.colocate=false"])
-    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 2)
     assert ray_init_kwargs(cfg, detect("cpu"))["num_cpus"] == 5  # 4 slots + 1
-    monkeypatch.setattr(devices.os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 32)
     assert ray_init_kwargs(cfg, detect("cpu"))["num_cpus"] == 32
-    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 2)
     cfg = compose(["devices.backend=ray", "devices.ray.num_cpus=3", "devices.ray.dashboard=true"])
     kwargs = ray_init_kwargs(cfg, detect("cpu"))
     assert kwargs["num_cpus"] == 3 and kwargs["include_dashboard"] is True
@@ -193,44 +187,15 @@ def test_the_reported_failure_is_a_ranks_own_error_not_its_peers_connection_clos
     assert root_cause([peer, peer]) == 0
 
 
-def test_auto_dtype_is_bf16_on_accelerators_and_on_cpus_with_bf16_matrix_instructions(tmp_path):
-    from ppo_trainer.workers.devices import auto_dtype, cpu_flags, resolve_dtype
-
-    assert auto_dtype("cuda")[0] == "bfloat16" and auto_dtype("npu")[0] == "bfloat16"
-    assert auto_dtype("cpu", {"avx2", "avx512f", "avx512_bf16"}) == ("bfloat16", "the CPU has avx512_bf16")
-    assert auto_dtype("cpu", {"avx2", "amx_bf16", "amx_tile"})[0] == "bfloat16"
-    dtype, why = auto_dtype("cpu", {"avx2", "fma"})  # an AVX2-only EPYC: bf16 is slow there
-    assert dtype == "float32" and "avx512_bf16" in why
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
-    assert cpu_flags(str(cpuinfo)) == {"fpu", "avx2", "avx512_bf16"}
-    assert cpu_flags(str(tmp_path / "absent")) == set()  # no /proc/cpuinfo (macOS): float32
-    assert resolve_dtype("float32", "cuda") == "float32" and resolve_dtype("auto", "cuda") == "bfloat16"
-
-
 def test_dry_run_plan_says_which_dtype_auto_chose_and_why():
+    from ppo_trainer.dtypes import auto_dtype
     from ppo_trainer.plan import dtype_summary
-    from ppo_trainer.workers.devices import auto_dtype
 
     line = dtype_summary(compose(["model=smollm2"]))
     chosen, why = auto_dtype("cpu")
     assert line.startswith(f"actor and rollout {chosen} (model.dtype=auto: {why})")
     assert dtype_summary(compose(["+experiment=smoke"])) == \
         "actor and rollout float32 (model.dtype); critic float32 (critic.dtype)"
-
-
-def test_auto_dtype_on_a_gpu_without_bf16_is_float32(monkeypatch):
-    """A V100 or T4 (compute capability 7.x): no bf16; fp16 would need loss scaling."""
-    import torch
-
-    from ppo_trainer.workers.devices import auto_dtype
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
-    dtype, why = auto_dtype("cuda")
-    assert dtype == "float32" and "compute capability 7.0 has no bf16" in why
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100
-    assert auto_dtype("cuda")[0] == "bfloat16"
 
 
 def test_an_npu_engine_keeps_the_plain_weight_layout_and_a_cpu_one_sizes_its_cache_in_bytes(tiny_model_dir):

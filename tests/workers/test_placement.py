@@ -10,7 +10,8 @@ from typing import Iterator
 import pytest
 
 from ppo_trainer.composition import compose
-from ppo_trainer.workers.devices import PlacementError, detect, plan_placement
+from ppo_trainer.workers.accelerators import detect
+from ppo_trainer.workers.placement import PlacementError, plan_placement
 
 from .conftest import computing_on_cpu, node_info, ray_overrides
 

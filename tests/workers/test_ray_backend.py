@@ -18,8 +18,12 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.composition import compose
+from ppo_trainer.engine.actor import ActorEngine
+from ppo_trainer.engine.critic import CriticEngine
+from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.base import assemble_rollout, prompts_to_batch
-from ppo_trainer.workers.devices import detect, plan_placement
+from ppo_trainer.workers.accelerators import detect
+from ppo_trainer.workers.placement import plan_placement
 from ppo_trainer.workers.group import build_groups
 
 from .conftest import computing_on_cpu, node_info, ray_overrides
@@ -140,7 +144,7 @@ def test_fsdp_ranks_join_their_group_with_gloo_on_loopback_and_rollout_replicas_
 
 
 def test_logprobs_and_values_split_over_ray_ranks_match_the_local_backend(ray_groups, local_groups, batch):
-    for role, method in (("actor", "compute_logprobs"), ("critic", "compute_values")):
+    for role, method in (("actor", ActorEngine.compute_logprobs), ("critic", CriticEngine.compute_values)):
         remote = ray_groups[role].run_split(method, batch)
         local = local_groups[role].run_split(method, batch)
         assert remote.shape == local.shape == batch.response_mask.shape
@@ -149,28 +153,29 @@ def test_logprobs_and_values_split_over_ray_ranks_match_the_local_backend(ray_gr
 
 def test_one_update_through_ray_gives_the_local_backends_weights(ray_groups, local_groups, batch):
     for role in ("critic", "actor"):
-        remote_stats = ray_groups[role].run_all("update", batch)
-        local_stats = local_groups[role].run_all("update", batch)[0]
+        update = {"actor": ActorEngine.update, "critic": CriticEngine.update}[role]
+        remote_stats = ray_groups[role].run_all(update, batch)
+        local_stats = local_groups[role].run_all(update, batch)[0]
         assert remote_stats[0].keys() == local_stats.keys()
         for key, value in local_stats.items():
             assert remote_stats[0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-    remote_weights = ray_groups["actor"].run_all("full_state_dict")
+    remote_weights = ray_groups["actor"].run_all(ActorEngine.full_state_dict)
     assert remote_weights[1] == {}  # gathered on rank 0 only
-    local_weights = local_groups["actor"].run_all("full_state_dict")[0]
+    local_weights = local_groups["actor"].run_all(ActorEngine.full_state_dict)[0]
     assert remote_weights[0].keys() == local_weights.keys()
     gap = max((remote_weights[0][k] - local_weights[k]).abs().max().item() for k in local_weights)
     assert gap < MATCH
-    values_gap = (ray_groups["critic"].run_split("compute_values", batch)
-                  - local_groups["critic"].run_split("compute_values", batch)).abs().max().item()
+    values_gap = (ray_groups["critic"].run_split(CriticEngine.compute_values, batch)
+                  - local_groups["critic"].run_split(CriticEngine.compute_values, batch)).abs().max().item()
     assert values_gap < MATCH
 
 
 def test_weights_pushed_through_ray_reach_the_rollout_engine(ray_groups, prompts):
-    state = ray_groups["actor"].run_all("full_state_dict")[0]
-    ray_groups["rollout"].run_all("sync_weights", state)
-    out = ray_groups["rollout"].run_split("generate", prompts, 2, seed=3)
+    state = ray_groups["actor"].run_all(ActorEngine.full_state_dict)[0]
+    ray_groups["rollout"].run_all(Sampler.sync_weights, state)
+    out = ray_groups["rollout"].run_split(Sampler.generate, prompts, 2, seed=3)
     assert len(out) == 2 * len(prompts)
-    recomputed = ray_groups["actor"].run_split("compute_logprobs", out)
+    recomputed = ray_groups["actor"].run_split(ActorEngine.compute_logprobs, out)
     gap = (recomputed - out.sample_logprobs).abs()[out.response_mask.bool()].max().item()
     assert gap < SYNC_MATCH
 
@@ -179,8 +184,8 @@ def test_an_error_in_an_independent_replica_names_role_rank_and_error_and_keeps_
     from ppo_trainer.workers.roles import WorkerError
 
     with pytest.raises(WorkerError, match=r"rollout worker rank 0 of 1 failed in no_such_method: AttributeError"):
-        ray_groups["rollout"].run_all("no_such_method")
-    assert len(ray_groups["rollout"].run_split("generate", prompts.select([0]), 1, seed=0)) == 1
+        ray_groups["rollout"].workers.call("no_such_method", [()], {})  # past the driver's check of method names
+    assert len(ray_groups["rollout"].run_split(Sampler.generate, prompts.select([0]), 1, seed=0)) == 1
 
 
 def test_a_failing_rank_is_reported_by_its_own_error_not_its_peers(ray_groups, batch):
@@ -197,7 +202,7 @@ def test_a_failing_rank_is_reported_by_its_own_error_not_its_peers(ray_groups, b
     assert message.startswith("actor worker rank 1 of 2 failed in compute_logprobs: ValueError")
     assert "response_mask" in message
     with pytest.raises(WorkerError, match="down after an earlier failure"):
-        ray_groups["actor"].run_all("full_state_dict")
+        ray_groups["actor"].run_all(ActorEngine.full_state_dict)
 
 
 def test_a_call_past_the_worker_timeout_fails_naming_the_role_rank_and_method(ray_groups):

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from ppo_trainer.composition import compose
+from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.evaluate import prompt_batch
 from ppo_trainer.models.loading import resolve_model_path
+from ppo_trainer.rollout import Sampler
 from ppo_trainer.run_folder import absolute_output_dir, exclusive
 from ppo_trainer.trainer import Trainer
 
@@ -47,13 +49,13 @@ def check_greedy_after_a_step(overrides: list[str], tmp_path) -> None:
     with exclusive(absolute_output_dir(cfg)):
         trainer = Trainer.from_config(cfg)
         try:
-            before = {k: v.clone() for k, v in trainer.actor.run_all("full_state_dict")[0].items()}
+            before = {k: v.clone() for k, v in trainer.actor.run_all(ActorEngine.full_state_dict)[0].items()}
             trainer.step = 1
             metrics, _ = trainer.train_step(1)
             assert metrics["actor/grad_norm"] > 0 and metrics["perf/sync_bytes"] > 0
             prompts = prompt_batch(trainer.val_records[:6], trainer.pad_id)
-            got = trainer.rollout.run_split("generate", prompts, 1, seed=0, greedy=True, max_new_tokens=8)
-            state = trainer.actor.run_all("full_state_dict")[0]
+            got = trainer.rollout.run_split(Sampler.generate, prompts, 1, seed=0, greedy=True, max_new_tokens=8)
+            state = trainer.actor.run_all(ActorEngine.full_state_dict)[0]
         finally:
             trainer.close()
     assert max((state[k] - before[k]).abs().max().item() for k in state) > 1e-3, "the update moved the weights"

@@ -1,20 +1,18 @@
-"""Accelerator names, compute dtypes, and the placement of each role's ranks on devices and nodes:
-pure pieces shared by the dry-run plan and the backends (importing this module needs no torch)."""
+"""The placement of each role's ranks on devices and nodes: the plan from the `devices` config
+(`plan_placement`), its dry-run lines, the check that a Ray cluster can take it and the Ray nodes it
+lands on (`assign_nodes`), and the arguments of a local Ray. Importing this module needs no torch."""
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import math
 import os
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
-if TYPE_CHECKING:
-    import torch
+from ppo_trainer.workers.accelerators import DeviceKind, local_device_count
 
 ROLES = ("actor", "critic", "rollout")
 DISTRIBUTED_ROLES = ("actor", "critic")  # FSDP: one process group per role; rollout replicas are independent
@@ -29,145 +27,6 @@ def roles_of(cfg: DictConfig) -> tuple[str, ...]:
 class PlacementError(RuntimeError):
     """The cluster cannot take the run (too small, or not reachable); the message names the config key
     and the numbers."""
-
-
-@dataclass(frozen=True)
-class DeviceKind:
-    """How one accelerator is named by torch, Ray and the launcher; `torch_device_type` and
-    `dist_backend` differ from `name` only for the tests' fake GPUs (placed as GPUs, computing on CPU)."""
-
-    name: str  # "cuda" | "npu" | "cpu"
-    torch_device_type: str  # "cuda" | "npu" | "cpu"
-    ray_resource: str  # "GPU" | "NPU" | "CPU"
-    visible_env: Optional[str]  # the variable Ray sets to the worker's device ids; None on CPU
-    dist_backend: str  # "nccl" | "hccl" | "gloo"
-
-    @property
-    def label(self) -> str:  # singular, for messages
-        return "CPU slot" if self.ray_resource == "CPU" else self.ray_resource
-
-    def count(self, n: float) -> str:
-        """"4 GPUs", "1 NPU", "0.33 GPU"."""
-        return f"{n:g} {self.label}{'' if n == 1 else 's'}"
-
-
-KINDS: dict[str, DeviceKind] = {
-    "cuda": DeviceKind("cuda", "cuda", "GPU", "CUDA_VISIBLE_DEVICES", "nccl"),
-    "npu": DeviceKind("npu", "npu", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "hccl"),
-    "cpu": DeviceKind("cpu", "cpu", "CPU", None, "gloo"),
-}
-
-
-def detect(accelerator: str = "auto") -> DeviceKind:
-    """The `DeviceKind` of `devices.accelerator`; "auto": cuda, else npu if torch sees one, else cpu."""
-    if accelerator == "auto":
-        import torch
-
-        accelerator = "cuda" if torch.cuda.is_available() else "npu" if local_device_count("npu") > 0 else "cpu"
-    if accelerator not in KINDS:
-        raise ValueError(f"devices.accelerator is {accelerator!r}; allowed values: cpu, cuda, npu, auto")
-    return KINDS[accelerator]
-
-
-def local_device_count(name: str) -> int:
-    """Devices of accelerator `name` ("cuda", "npu") visible to this process (0 without its runtime)."""
-    import torch
-
-    if name == "cuda":
-        return torch.cuda.device_count()
-    if importlib.util.find_spec("torch_npu") is None:
-        return 0
-    import torch_npu  # noqa: F401  (registers torch.npu)
-
-    return torch.npu.device_count()  # type: ignore[attr-defined]
-
-
-# CPU flags of native bf16 matmuls: with them bf16 is ~2.4x (AVX-512 BF16) to ~6x (AMX) faster than
-# fp32; without them it falls back to slow conversions (an AVX2-only EPYC: ~1 GFLOP/s).
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The instruction-set flags of this CPU (first "flags" line of /proc/cpuinfo; empty where absent)."""
-    try:
-        with open(cpuinfo) as f:
-            return next((set(line.partition(":")[2].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
-# PyTorch runs bf16 matmuls on a CPU through oneDNN, which keeps a compiled kernel per matmul
-# shape in two caches of 1024 entries (oneDNN's own and ideep's), about 1 MB each. Packed
-# micro-batches bring new shapes nearly every time: with those defaults the gsm8k_cpu recipe's
-# resident size grew ~40 MB per step (1.2 GiB over its 30 steps) while the caches filled. A
-# micro-batch's forward and backward use ~25-40 shapes, each reused by every layer; 64 keeps that.
-CPU_KERNEL_CACHE_CAPACITY = 64
-CPU_KERNEL_CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-
-
-def bound_cpu_kernel_caches() -> None:
-    """Cap oneDNN's kernel caches at `CPU_KERNEL_CACHE_CAPACITY` unless the environment sets them.
-    Both are read when the process first runs a oneDNN matmul, so this comes before any engine."""
-    for var in CPU_KERNEL_CACHE_VARS:
-        os.environ.setdefault(var, str(CPU_KERNEL_CACHE_CAPACITY))
-
-
-# glibc hands freed memory back to the kernel: a block above its mmap threshold (which adapts up
-# to 32 MiB) is unmapped when freed, and a free heap top past the trim threshold is released. A CPU
-# worker's phases free and re-allocate gigabytes of activations and gradients, and the next phase
-# faults every page handed back in again, zero-filled: ~525k faults and ~2 s of kernel time per
-# update of the smollm2 bench. Kept in the heap, freed blocks serve the next phase as they are; the
-# resident size then holds at the run's high-water mark (gsm8k_cpu: 6.8 GB, 0.6 GB above the peak
-# with a trim after every call). Each parameter is left to the environment where it sets it (glibc
-# reads MALLOC_*_ and GLIBC_TUNABLES at start).
-_MALLOPT_PARAMS = {  # <malloc.h> parameter number, value, and how the environment would set it
-    "mmap_max": (-4, 0, "MALLOC_MMAP_MAX_"),  # no mmap: large blocks come from the heap too
-    "trim_threshold": (-1, -1, "MALLOC_TRIM_THRESHOLD_"),  # -1: never trim the heap's top
-}
-
-
-def keep_freed_host_memory() -> list[str]:
-    """Have glibc keep freed memory in this process for reuse (`_MALLOPT_PARAMS`); for workers whose
-    tensors live in host memory. Returns the parameters set (none outside glibc)."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return []
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return [name for name, (param, value, env) in _MALLOPT_PARAMS.items()
-            if env not in os.environ and f"malloc.{name}=" not in tunables and mallopt(param, value) == 1]
-
-
-def auto_dtype(device_type: str, flags: Optional[set[str]] = None) -> tuple[str, str]:
-    """(compute dtype, reason) for `dtype=auto` on `device_type` ("cuda", "npu", "cpu"): bfloat16
-    where the device computes it natively, float32 elsewhere (a GPU older than compute capability
-    8.0, Ampere: fp16 would need loss scaling, which the engines do not do). `flags` defaults to
-    `cpu_flags()`; a GPU this process does not see is taken to have bf16."""
-    if device_type == "cuda":
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0):
-            major, minor = torch.cuda.get_device_capability()
-            return "float32", (f"the GPU's compute capability {major}.{minor} has no bf16 (8.0 and later do); fp16 "
-                               "would need loss scaling, which the trainer does not do")
-        return "bfloat16", "cuda computes bf16 natively"
-    if device_type == "npu":
-        return "bfloat16", "npu computes bf16 natively"
-    found = [f for f in BF16_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
-    if found:
-        return "bfloat16", f"the CPU has {found[0]}"
-    return "float32", f"the CPU lacks {' and '.join(BF16_CPU_FLAGS)}: bf16 would be slower than fp32"
-
-
-def resolve_dtype(name: str, device_type: str) -> str:
-    """A dtype key's value ("auto", "bfloat16", "float32", "float16") as a concrete dtype name."""
-    return auto_dtype(device_type)[0] if name == "auto" else name
-
-
-def compute_dtype(name: str, device_type: str = "cpu") -> "torch.dtype":
-    """The torch dtype of a dtype key's value (config.py checked it); "auto" resolves for `device_type`."""
-    import torch
-
-    return getattr(torch, resolve_dtype(name, device_type))
 
 
 @dataclass(frozen=True)
