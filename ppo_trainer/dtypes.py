@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     import torch
 
-# CPU flags of native bf16 matmuls: with them bf16 is ~2.4x (AVX-512 BF16) to ~6x (AMX) faster than
-# fp32; without them it falls back to slow conversions (an AVX2-only EPYC: ~1 GFLOP/s).
+# CPU flags of native bf16 matmuls: with them bf16 is several times faster than fp32; without them
+# bf16 falls back to slow conversions, far slower than fp32 (docs/performance.md has the rates).
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 

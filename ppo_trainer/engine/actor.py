@@ -88,7 +88,7 @@ class ActorEngine(FSDPEngine):
         """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding).
         Unlike the values pass, this pass keeps no forward for the update (`FSDPEngine.forward_rows`):
         held through the reference and values passes and the critic's update, a kept actor forward
-        raised the CPU recipe's peak by ~1.2 GiB to save ~0.3 s of a 28 s step."""
+        costs far more peak memory than the time it saves (docs/performance.md)."""
         logp, ent = self._score(self, batch, with_entropy=True)
         return logp, ent
 

@@ -9,9 +9,9 @@ import os
 
 # PyTorch runs bf16 matmuls on a CPU through oneDNN, which keeps a compiled kernel per matmul
 # shape in two caches of 1024 entries (oneDNN's own and ideep's), about 1 MB each. Packed
-# micro-batches bring new shapes nearly every time: with those defaults the gsm8k_cpu recipe's
-# resident size grew ~40 MB per step (1.2 GiB over its 30 steps) while the caches filled. A
-# micro-batch's forward and backward use ~25-40 shapes, each reused by every layer; 64 keeps that.
+# micro-batches bring new shapes nearly every time, so with those defaults a run's resident size
+# grows step after step while the caches fill (docs/performance.md). A micro-batch's forward and
+# backward use a few dozen shapes, each reused by every layer; 64 entries keep them.
 CPU_KERNEL_CACHE_CAPACITY = 64
 CPU_KERNEL_CACHE_VARS = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
@@ -26,10 +26,10 @@ def bound_cpu_kernel_caches() -> None:
 # glibc hands freed memory back to the kernel: a block above its mmap threshold (which adapts up
 # to 32 MiB) is unmapped when freed, and a free heap top past the trim threshold is released. A CPU
 # worker's phases free and re-allocate gigabytes of activations and gradients, and the next phase
-# faults every page handed back in again, zero-filled: ~525k faults and ~2 s of kernel time per
-# update of the smollm2 bench. Kept in the heap, freed blocks serve the next phase as they are; the
-# resident size then holds at the run's high-water mark (gsm8k_cpu: 6.8 GB, 0.6 GB above the peak
-# with a trim after every call). Each parameter is left to the environment where it sets it (glibc
+# faults every page handed back in again, zero-filled, at a cost in kernel time of the order of
+# the update itself (docs/performance.md). Kept in the heap, freed blocks serve the next phase as
+# they are; the resident size then holds at the run's high-water mark, a little above the peak with
+# a trim after every call. Each parameter is left to the environment where it sets it (glibc
 # reads MALLOC_*_ and GLIBC_TUNABLES at start).
 _MALLOPT_PARAMS = {  # <malloc.h> parameter number, value, and how the environment would set it
     "mmap_max": (-4, 0, "MALLOC_MMAP_MAX_"),  # no mmap: large blocks come from the heap too
