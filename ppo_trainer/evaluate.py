@@ -314,7 +314,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                                               batch_size=cfg.eval.batch_size, extract=EXTRACTORS[cfg.reward.mode],
                                               output_file=output_file)
                 finally:
-                    del sampler
+                    sampler = None  # dropped (the lambda above holds the name, not the engine)
                     gc.collect()  # the next model's engine gets the memory
                 results.append({"model": path, "step": step, **result, "temperature": temperature,
                                 "seconds": time.perf_counter() - start})

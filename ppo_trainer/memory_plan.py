@@ -6,8 +6,6 @@ with measured peaks. Imports no torch (the dry run answers in seconds)."""
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional

@@ -17,7 +17,7 @@ ROWS = {"query": [f"q{i} r{i}" for i in range(5)], "prompts": [f"q{i} " for i in
         "labels": [str(i) for i in range(5)]}
 
 
-def serve(respond: Callable[[dict, "Handler"], None]) -> Iterator[tuple[str, list]]:
+def serve(respond: Callable[[dict, BaseHTTPRequestHandler], None]) -> Iterator[tuple[str, list]]:
     """A server on a free 127.0.0.1 port; `respond(request, handler)` answers; yields (url, requests seen)."""
     seen: list = []
 
