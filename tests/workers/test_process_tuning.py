@@ -15,7 +15,8 @@ from ppo_trainer.workers.process_tuning import CPU_KERNEL_CACHE_VARS
 
 # A 64 MiB tensor is 16,384 pages of 4 KiB. By default glibc maps each such block fresh and unmaps it
 # when freed, so every allocation faults all of its pages in again. Kept in the heap, the freed blocks
-# serve later allocations once the heap holds a block that fits (alignment slack may take a few rounds).
+# serve later allocations once the heap holds a block that fits: small allocations between rounds can
+# split the freed block, and the heap grows (fresh pages, faulted once) for up to ~10 rounds first.
 _REALLOCATE = """
 import resource, torch
 from ppo_trainer.workers.process_tuning import keep_freed_host_memory
@@ -24,7 +25,7 @@ def faults_of_a_64mb_tensor():
     torch.ones(16 * 2**20)  # freed at once
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 applied = keep_freed_host_memory()
-print(",".join(applied) or "-", *(faults_of_a_64mb_tensor() for _ in range(12)))
+print(",".join(applied) or "-", *(faults_of_a_64mb_tensor() for _ in range(24)))
 """
 
 
