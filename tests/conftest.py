@@ -64,3 +64,20 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script("bench_step")`: scripts/bench_step.py imported as a module (registered in
+    sys.modules under its name: its dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from ppo_trainer.config import schema_keys
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gen_config_docs.py"
-
 
 @pytest.fixture(scope="module")
-def gen_config_docs():
-    spec = importlib.util.spec_from_file_location("gen_config_docs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def gen_config_docs(load_script):
+    return load_script("gen_config_docs")
 
 
 def test_docs_config_md_matches_the_schema(gen_config_docs):

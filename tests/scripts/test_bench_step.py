@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,16 +13,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_step.py"
 
 
-def load_bench_step():
-    spec = importlib.util.spec_from_file_location("bench_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_rollout_shaped_batch_left_pads_prompts_and_fills_every_response() -> None:
-    bench = load_bench_step()
+def test_rollout_shaped_batch_left_pads_prompts_and_fills_every_response(load_script) -> None:
+    bench = load_script("bench_step")
     records = [SimpleNamespace(prompt_ids=[5, 6, 7]), SimpleNamespace(prompt_ids=[8])]
     batch = bench.rollout_shaped_batch(records, pad_id=0, response_len=4, vocab_size=50, seed=0)
     assert batch.input_ids.shape == (2, 3 + 4)
