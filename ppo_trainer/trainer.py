@@ -254,7 +254,7 @@ class Trainer:
                     ref = self.actor.run_split(ActorEngine.compute_ref_logprobs, batch)
                     batch = batch.with_fields(ref_logprobs=ref)
             with timer("values"):
-                values = self.critic.run_split(CriticEngine.compute_values, batch, keep_for_update=True)
+                values = self.critic.run_split(CriticEngine.compute_values, batch)
                 batch = batch.with_fields(values=values)
             with timer("adv"):
                 batch, adv_metrics = self.compute_advantages(batch, step)

@@ -19,14 +19,12 @@ the preset's length (`sampler.ignore_eos`), compute dtype `auto` unless --dtype 
 Floors (matmul FLOPs at the measured matmul rate of the compute dtype): a forward costs 2 x body x
 tokens + 2 x head x response tokens, where body counts the parameters every token multiplies
 (all but the input embedding) and head = vocab x hidden (the critic has no head); a training pass
-costs 3 forwards, less the first micro-batch's forward where the phase before the update computed it
-(values, for the critic). gen = max(that forward, decode steps x weight bytes / copy bandwidth).
+costs 3 forwards. gen = max(that forward, decode steps x weight bytes / copy bandwidth).
 
 --plain adds a tighter reference than the matmul floor: the plain transformers model (parameters in
 the compute dtype, no FSDP, no fp32 master copy, no optimizer) on a batch of the step's shape, in
 the engines' micro-batches, timed as the phases use it: a no-grad forward (old_logprob, ref; values
-with the value model) and a forward and backward (update_actor, update_critic), the critic's first
-micro-batch's forward moved into values, which keeps it for the update. A phase near its plain
+with the value model) and a forward and backward (update_actor, update_critic). A phase near its plain
 time spends what the model's own forward and backward cost; what an update adds on top is the
 mixed-precision casts, gradient clipping and AdamW.
 
@@ -167,9 +165,8 @@ def matmul_params(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def floors(actor: tuple[int, int], critic: tuple[int, int], tokens: int, response_tokens: int, steps: int,
-           weight_bytes: int, c: Ceilings, kept: dict[str, float]) -> dict[str, float]:
-    """Seconds per phase at the matmul rate (gen: or the weight reads of its decode steps). `kept`:
-    per update, the share of its first epoch's forward that an earlier phase computed for it."""
+           weight_bytes: int, c: Ceilings) -> dict[str, float]:
+    """Seconds per phase at the matmul rate (gen: or the weight reads of its decode steps)."""
     peak = c.tflops * 1e12
 
     def forward(params: tuple[int, int]) -> float:
@@ -177,8 +174,7 @@ def floors(actor: tuple[int, int], critic: tuple[int, int], tokens: int, respons
 
     out = {"gen": max(forward(actor), steps * weight_bytes / c.bandwidth), "old_logprob": forward(actor),
            "ref": forward(actor), "values": forward(critic),
-           "update_critic": (3 - kept["update_critic"]) * forward(critic),
-           "update_actor": (3 - kept["update_actor"]) * forward(actor)}
+           "update_critic": 3 * forward(critic), "update_actor": 3 * forward(actor)}
     out["step"] = sum(out.values())
     return out
 
@@ -195,26 +191,10 @@ def rollout_shaped_batch(records, pad_id: int, response_len: int, vocab_size: in
                             [""] * len(records), pad_id)
 
 
-def kept_shares(cfg, batch, mini_batch_size: int) -> dict[str, float]:
-    """Per update, the share of the batch's rows whose forward the phase before it computes: on one
-    rank the values pass keeps the critic's first micro-batch of the first mini-batch
-    (`FSDPEngine.forward_rows`); the actor's old-logprob pass keeps none."""
-    from ppo_trainer.engine.microbatch import plan_micro_batches
-    from ppo_trainer.models.packing import MASKED_ATTENTION
-
-    first = plan_micro_batches(batch.select(range(mini_batch_size)), cfg.algorithm.ppo_micro_batch_tokens,
-                               cfg.model.attn_implementation in MASKED_ATTENTION)[0]
-    share = len(first.rows) / len(batch)
-    return {"update_critic": share, "update_actor": 0.0}
-
-
-def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, float],
-                  repeats: int = 3) -> dict[str, float]:
+def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3) -> dict[str, float]:
     """Median seconds (after one warm-up) of the plain transformers policy and value model on
-    `batch`, per phase as the engines run it: a no-grad forward (ref; old_logprob and values), a
-    forward and backward (the updates). Where an update keeps the share `kept` of its forward from
-    the phase before it (old_logprob or values), that share of the rows is forwarded with gradients
-    in that phase and only backpropagated in the update."""
+    `batch`, per phase as the engines run it: a no-grad forward (old_logprob and values; ref is the
+    same forward of the same model as old_logprob), a forward and backward (the updates)."""
     import statistics
 
     from ppo_trainer.engine.microbatch import plan_micro_batches
@@ -231,11 +211,9 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, f
     critic = ValueModel.from_pretrained(critic_dir, attn_implementation=attn).to(device=device, dtype=dtype).train()
     with_entropy = cfg.algorithm.entropy_coef > 0
 
-    def micro_batches(rows) -> list:  # the engines' own (token budget, prompts packed where attention allows)
-        if not len(rows):
-            return []
-        return [m.batch.to(device) for m in plan_micro_batches(
-            batch.select(rows), cfg.algorithm.ppo_micro_batch_tokens, shares_prompts(policy.hf_model))]
+    # the engines' own micro-batches (token budget, prompts packed where attention allows)
+    micro_batches = [m.batch.to(device) for m in plan_micro_batches(
+        batch, cfg.algorithm.ppo_micro_batch_tokens, shares_prompts(policy.hf_model))]
 
     def policy_loss(micro) -> torch.Tensor:
         logp, entropy = policy(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
@@ -247,23 +225,18 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, f
         values = critic(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
         return ((values - 1.0).square() * micro.response_mask).sum()
 
-    def timed(loss_fn, module: torch.nn.Module, share: float) -> tuple[float, float]:
-        """(forward phase, update) seconds: `share` of the rows forwarded with gradients in the first."""
-        first = round(len(batch) * share)
-        kept_micro, rest_micro = micro_batches(range(first)), micro_batches(range(first, len(batch)))
+    def timed(loss_fn, module: torch.nn.Module) -> tuple[float, float]:
+        """(no-grad forward, forward and backward) seconds."""
         forwards, updates = [], []
         for _ in range(repeats + 1):
             _sync(device)
             start = time.perf_counter()
-            kept_losses = [loss_fn(micro) for micro in kept_micro]
             with torch.no_grad():
-                for micro in rest_micro:
+                for micro in micro_batches:
                     loss_fn(micro)
             _sync(device)
             middle = time.perf_counter()
-            for loss in kept_losses:
-                loss.backward()
-            for micro in rest_micro:
+            for micro in micro_batches:
                 loss_fn(micro).backward()
             _sync(device)
             forwards.append(middle - start)
@@ -271,10 +244,9 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, kept: dict[str, f
             module.zero_grad(set_to_none=True)
         return statistics.median(forwards[1:]), statistics.median(updates[1:])
 
-    ref, _ = timed(policy_loss, policy, 0.0)
-    old_logprob, update_actor = timed(policy_loss, policy, kept["update_actor"])
-    values, update_critic = timed(value_loss, critic, kept["update_critic"])
-    return {"old_logprob": old_logprob, "ref": ref, "values": values, "update_actor": update_actor,
+    old_logprob, update_actor = timed(policy_loss, policy)
+    values, update_critic = timed(value_loss, critic)
+    return {"old_logprob": old_logprob, "ref": old_logprob, "values": values, "update_actor": update_actor,
             "update_critic": update_critic}
 
 
@@ -336,14 +308,13 @@ def main() -> None:
             trainer.close()
         del trainer, actor, critic
         batch = rollout_shaped_batch(records, pad_id, shape["response_len"], vocab_size, args.seed)
-        kept = kept_shares(cfg, batch, shape["prompts"] // shape["mini_batches"])
-        plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype), kept) if args.plain else {}
+        plain = plain_seconds(cfg, batch, args.device, getattr(torch, dtype)) if args.plain else {}
 
     measured_runs = runs[1:] or runs
     seconds = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in measured_runs) / len(measured_runs) for p in PHASES}
     response_tokens = shape["prompts"] * shape["response_len"]
     floor = floors(actor_params, critic_params, step_tokens, response_tokens, shape["response_len"], weight_bytes,
-                   ceilings, kept)
+                   ceilings)
     # a phase the config skips (the recipe's recompute_old_logprobs=false) has no floor in the step's;
     # its timer still runs (for microseconds), so the config says which
     skipped = {"old_logprob"} if not cfg.algorithm.recompute_old_logprobs else set()
@@ -358,7 +329,7 @@ def main() -> None:
         "seconds": seconds, "floor_seconds": floor,
         "tokens_per_s": {"step": step_tokens / seconds["step"], "gen": response_tokens / seconds["gen"]},
         "peak_memory_gb": measured_runs[-1]["perf/max_memory_allocated_gb"],
-        "plain_seconds": plain, "kept_forward_share": kept,
+        "plain_seconds": plain,
     }
     if args.engine_log.is_file():
         print(f"engine output: {args.engine_log}")

@@ -85,10 +85,7 @@ class ActorEngine(FSDPEngine):
         return self._score(self, batch, with_entropy=False)[0]
 
     def compute_logprobs_and_entropy(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding).
-        Unlike the values pass, this pass keeps no forward for the update (`FSDPEngine.forward_rows`):
-        held through the reference and values passes and the critic's update, a kept actor forward
-        costs far more peak memory than the time it saves (docs/performance.md)."""
+        """[B, T] logprobs and [B, T] entropies of softmax(logits / temperature) (0 on padding)."""
         logp, ent = self._score(self, batch, with_entropy=True)
         return logp, ent
 
@@ -101,11 +98,8 @@ class ActorEngine(FSDPEngine):
         with self.policy.adapter_disabled():
             return self._score(self, batch, with_entropy=False, truncate=False)[0]
 
-    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts,
-                         outputs: None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`),
-        from a forward of its own. `outputs` (the `LossFn` slot for a kept forward) is always None:
-        the actor keeps none (`compute_logprobs_and_entropy`)."""
+    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This micro-batch's share of the mini-batch loss and statistics (`core.losses.actor_loss`)."""
         logp, ent = self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
                                 self.temperature, self.algorithm.entropy_coef > 0, **self.truncation)
         return actor_loss(logp, ent, micro.old_logprobs, micro.advantages, micro.response_mask, micro.ref_logprobs,

@@ -42,21 +42,14 @@ class CriticEngine(FSDPEngine):
     def _values(self, micro: Batch) -> torch.Tensor:
         return self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
 
-    def compute_values(self, batch: Batch, keep_for_update: bool = False) -> torch.Tensor:
-        """[B, T] float32 V(s_t) for every response token t (the state before t; 0 on padding).
-        `keep_for_update`: `update` will follow on this batch; where one rank holds the critic, the
-        forward of its first micro-batch is kept for it (`FSDPEngine.forward_rows`), one forward less."""
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """[B, T] float32 V(s_t) for every response token t (the state before t; 0 on padding)."""
         batch.require("response_mask", user="the critic's values")
-        keep = (self.first_mini_batch_rows(batch, self.mini_batch_size, self.algorithm, self.seed)
-                if keep_for_update else None)
-        return self.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, lambda m: (self._values(m),), keep)[0]
+        return self.forward_rows(batch, self.algorithm.ppo_micro_batch_tokens, lambda m: (self._values(m),))[0]
 
-    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts,
-                         outputs: Optional[tuple[torch.Tensor]] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This micro-batch's share of the mini-batch value loss and statistics (`core.losses.critic_loss`);
-        `outputs`: its (values,), already computed with gradients."""
-        values = self._values(micro) if outputs is None else outputs[0]
-        return critic_loss(values, micro.values, micro.returns, micro.response_mask, self.cfg.value_clip,
+    def micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This micro-batch's share of the mini-batch value loss and statistics (`core.losses.critic_loss`)."""
+        return critic_loss(self._values(micro), micro.values, micro.returns, micro.response_mask, self.cfg.value_clip,
                            self.algorithm.loss_agg_mode, counts.tokens, counts.seqs)
 
     def update(self, batch: Batch) -> dict[str, float]:

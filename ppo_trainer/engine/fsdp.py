@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -51,29 +50,6 @@ def summarize_steps(history: list[dict[str, float]]) -> dict[str, float]:
     return {**means, "skipped_steps": sum(h["skipped_steps"] for h in history)}
 
 
-@dataclass
-class KeptForward:
-    """`forward_rows`' forward, with gradients, of `micro` (its `outputs` hold the graph), the first
-    micro-batch of rows `rows` of a batch (its `input_ids` [B, P+T]), made after `updates` calls of `train`."""
-
-    updates: int
-    input_ids: torch.Tensor
-    rows: torch.Tensor
-    micro: MicroBatch
-
-    def computed(self, batch: Batch, rows: torch.Tensor, updates: int) -> bool:
-        """Whether this is the forward of `batch`'s rows `rows` under the parameters of `updates` calls."""
-        return (updates == self.updates and torch.equal(rows, self.rows)
-                and torch.equal(batch.input_ids, self.input_ids))
-
-
-def has_dropout(module: nn.Module) -> bool:
-    """Whether `module` computes differently in train mode: a dropout layer with p > 0, or a
-    transformers config with attention dropout (applied functionally, not as a layer)."""
-    return any((isinstance(m, nn.Dropout) and m.p > 0)
-               or (getattr(getattr(m, "config", None), "attention_dropout", None) or 0) > 0 for m in module.modules())
-
-
 class FSDPEngine:
     """One FSDP2-sharded module (float32 parameters, sharded in place; `layers`: its repeated blocks),
     frozen unless given an `OptimConfig`. `dtype`: a compute dtype name or "auto" (resolved into
@@ -92,47 +68,24 @@ class FSDPEngine:
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None
         self.updates = 0  # calls of `train`, part of the resume state (it seeds the shuffling)
-        self._kept: Optional[KeptForward] = None  # forward_rows' forward of the next train's first micro-batch
         self.rank, self.world_size = rank(), world_size()  # the group exists once the module is sharded
 
-    def forward_rows(self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]],
-                     keep_rows: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+    def forward_rows(self, batch: Batch, budget: int, fn: Callable[[Batch], Sequence[torch.Tensor]]) -> list[torch.Tensor]:
         """`fn(micro_batch_on_device)` over this rank's rows in eval mode, without gradients, each
-        returned [b, t] reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width).
-
-        `keep_rows` (`first_mini_batch_rows` of `batch`; one rank only): the first of the micro-batches
-        `train` will plan for those rows is computed in train mode with gradients instead, and its
-        outputs keep their graph: the next `train` call on this batch backpropagates through them
-        rather than forwarding that micro-batch again (the parameters have not moved since). One
-        micro-batch only: an update holds one micro-batch's activations at a time, so this one adds
-        nothing to its peak."""
+        returned [b, t] reassembled into a CPU float32 [B, T] (0 beyond a micro-batch's trimmed width)."""
         outputs: list[torch.Tensor] = []
-
-        def write(results: Sequence[torch.Tensor], rows: torch.Tensor) -> None:
-            if not outputs:
-                outputs.extend(torch.zeros(len(batch), batch.response_length) for _ in results)
-            for out, res in zip(outputs, results):
-                out[rows, : res.shape[1]] = res.detach().float().cpu()
-
         was_training = self.module.training
-        rest = torch.ones(len(batch), dtype=torch.bool)
+        self.module.eval()
         try:
-            if keep_rows is not None:
-                self.module.train()
-                first = plan_micro_batches(batch.select(keep_rows), budget, self.share_prompts)[0]
-                with torch.enable_grad():
-                    first.outputs = tuple(fn(first.batch.to(self.device)))
-                write(first.outputs, keep_rows[first.rows])
-                self._kept = KeptForward(self.updates, batch.input_ids, keep_rows, first)
-                rest[keep_rows[first.rows]] = False
-            rows = rest.nonzero().squeeze(1)
-            if len(rows):
-                self.module.eval()
-                with torch.no_grad():
-                    for micro in plan_micro_batches(batch.select(rows), budget, self.share_prompts):
-                        results = fn(micro.batch.to(self.device))
-                        if not micro.dummy:
-                            write(results, rows[micro.rows])
+            with torch.no_grad():
+                for micro in plan_micro_batches(batch, budget, self.share_prompts):
+                    results = fn(micro.batch.to(self.device))
+                    if micro.dummy:
+                        continue
+                    if not outputs:
+                        outputs.extend(torch.zeros(len(batch), batch.response_length) for _ in results)
+                    for out, res in zip(outputs, results):
+                        out[micro.rows, : res.shape[1]] = res.detach().float().cpu()
         finally:
             self.module.reshard()  # the root keeps its parameters gathered after a forward
             self.module.train(was_training)
@@ -149,40 +102,26 @@ class FSDPEngine:
         generator = torch.Generator().manual_seed(hash((seed, self.updates, epoch)) & 0x7FFF_FFFF_FFFF_FFFF)
         return torch.tensor([row for g in torch.randperm(len(groups), generator=generator).tolist() for row in groups[g]])
 
-    def first_mini_batch_rows(self, batch: Batch, mini_batch_size: int, algorithm: Any, seed: int) -> Optional[torch.Tensor]:
-        """The rows of the next `train` call's first mini-batch, for `forward_rows(keep_rows=...)`; None
-        where its forward cannot stand in for `train`'s: more than one rank (each computes other rows
-        than it trains on), no optimizer, or dropout (train and eval forwards differ)."""
-        if self.world_size > 1 or self.optimizer is None or has_dropout(self.module):
-            return None
-        return self.mini_batch_order(batch, algorithm, seed, epoch=0)[:mini_batch_size]
-
     def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
         """algorithm.ppo_epochs passes over `batch` in mini-batches of `mini_batch_size` sequences
-        (`mini_batch_order`), one optimizer step each. The first micro-batch backpropagates through the
-        forward `forward_rows` kept for it, if it kept one for this batch. Returns `summarize_steps` of
-        `loss_fn`'s statistics plus grad_norm and lr."""
+        (`mini_batch_order`), one optimizer step each. Returns `summarize_steps` of `loss_fn`'s
+        statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
-        kept, self._kept = self._kept, None  # good for this call's first micro-batch only
         self.module.train()
         history: list[dict[str, float]] = []
         for epoch in range(algorithm.ppo_epochs):
             order = self.mini_batch_order(batch, algorithm, seed, epoch)
             for start in range(0, len(batch), mini_batch_size):
                 rows = order[start : start + mini_batch_size]
-                precomputed = kept.micro if kept is not None and kept.computed(batch, rows, self.updates) else None
-                kept = None
-                stats = self.backward_mini_batch(batch.select(rows), loss_fn, algorithm.ppo_micro_batch_tokens, precomputed)
+                stats = self.backward_mini_batch(batch.select(rows), loss_fn, algorithm.ppo_micro_batch_tokens)
                 stats.update(self.optimizer_step())
                 history.append(stats)
         self.updates += 1
         return summarize_steps(history)
 
-    def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int,
-                            precomputed: Optional[MicroBatch] = None) -> dict[str, float]:
-        """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share;
-        `precomputed`: its first micro-batch with outputs, kept by `forward_rows` (one rank only)."""
+    def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
+        """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share."""
         if len(mini_batch) < self.world_size:
             raise ValueError(f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} "
                              "data-parallel ranks; every rank needs at least one (raise "
@@ -191,10 +130,6 @@ class FSDPEngine:
         counts = global_counts(local)
         micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy)
                  for m in plan_micro_batches(local, budget, self.share_prompts)]
-        if precomputed is not None:  # the same rows planned alike: the same first micro-batch
-            if not torch.equal(micro[0].rows, precomputed.rows):
-                raise RuntimeError("the kept forward's micro-batch differs from the update's first")
-            micro[0].outputs = precomputed.outputs
         return accumulate_gradients(micro, loss_fn, counts)
 
     def optimizer_step(self) -> dict[str, float]:

@@ -8,7 +8,7 @@ collectives need the same number of forwards on every rank: short ranks pad with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
@@ -19,14 +19,11 @@ from ppo_trainer.engine.distributed import all_reduce_max, all_reduce_sum, world
 @dataclass
 class MicroBatch:
     """Rows `rows` [b] of a local mini-batch, trimmed of shared padding; `dummy`: a stand-in that
-    keeps this rank in step with the others (loss weighted 0, outputs discarded). `outputs`: the
-    model's outputs on it, already computed with their autograd graph (`FSDPEngine.forward_rows`
-    with `keep_rows`), which the loss then uses instead of a forward of its own."""
+    keeps this rank in step with the others (loss weighted 0, outputs discarded)."""
 
     batch: Batch
     rows: torch.Tensor
     dummy: bool = False
-    outputs: Optional[tuple[torch.Tensor, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,8 @@ class GlobalCounts:
     seqs: float
 
 
-# (micro-batch, mini-batch counts, its precomputed outputs or None) -> (loss share, statistics' shares)
-LossFn = Callable[[Batch, GlobalCounts, Optional[tuple[torch.Tensor, ...]]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# (micro-batch, mini-batch counts) -> (loss share, statistics' shares)
+LossFn = Callable[[Batch, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def micro_batch_units(batch: Batch, share_prompts: bool) -> tuple[list[list[int]], Callable[[list[int]], int]]:
@@ -108,7 +105,7 @@ def global_counts(batch: Batch) -> GlobalCounts:
 
 def accumulate_gradients(micro_batches: list[MicroBatch], loss_fn: LossFn, counts: GlobalCounts) -> dict[str, float]:
     """Forward and backward every micro-batch, so `.grad` holds the full mini-batch's gradient.
-    `loss_fn(micro_batch, counts, micro.outputs)` returns its share of the mini-batch loss and detached
+    `loss_fn(micro_batch, counts)` returns its share of the mini-batch loss and detached
     shares of logged statistics; returns those shares summed over micro-batches and ranks (dummies excluded).
 
     Every backward reduce-scatters into the sharded float32 gradient: skipping the sync until the
@@ -117,8 +114,7 @@ def accumulate_gradients(micro_batches: list[MicroBatch], loss_fn: LossFn, count
     scale = float(world_size())
     totals: dict[str, torch.Tensor] = {}
     for micro in micro_batches:
-        loss, stats = loss_fn(micro.batch, counts, micro.outputs)
-        micro.outputs = None  # the graph goes with the backward
+        loss, stats = loss_fn(micro.batch, counts)
         weight = 0.0 if micro.dummy else scale
         (loss * weight).backward()
         if not micro.dummy:

@@ -21,7 +21,6 @@ from engine_cases import (
 from ppo_trainer.config import CriticConfig, LoraConfig, OptimConfig
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
-from ppo_trainer.engine.microbatch import plan_micro_batches
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["own-prompts", "2-samples-per-prompt"])
@@ -210,7 +209,7 @@ def test_shuffled_mini_batches_hold_whole_prompt_groups(tiny_model_dir, monkeypa
     actor = make_actor(tiny_model_dir, algorithm={"shuffle_mini_batches": True})
     seen: list[list[int]] = []
 
-    def record(mini_batch, loss_fn, budget, precomputed=None):
+    def record(mini_batch, loss_fn, budget):
         seen.append(sorted(map(tuple, mini_batch.input_ids[:, : mini_batch.prompt_length].tolist())))
         return {}
 
@@ -221,44 +220,3 @@ def test_shuffled_mini_batches_hold_whole_prompt_groups(tiny_model_dir, monkeypa
     orders = [[prompts[0], prompts[4]] for prompts in seen[::2]]  # the two prompts of each first mini-batch
     assert all(len(set(prompts)) == 2 and prompts.count(prompts[0]) == 4 for prompts in seen)
     assert len({tuple(o) for o in orders}) > 1  # the prompts are shuffled between updates
-
-
-def test_critic_update_through_the_kept_first_mini_batch_forward_equals_a_fresh_forward(tiny_model_dir):
-    # 4 prompts of 2 samples, shuffled into 2 mini-batches of several micro-batches, 2 epochs, 2 steps:
-    # the kept micro-batch is one of several, the values of the others come from no-grad forwards
-    batch = random_batch(PROMPT_LENS, RESPONSE_LENS, samples=2)
-    results, forwards = {}, {}
-    for keep in (False, True):
-        engine = make_critic(tiny_model_dir, mini_batch_size=4, algorithm={"shuffle_mini_batches": True, "ppo_epochs": 2})
-        calls = [0]
-        engine.module.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        for _ in range(2):
-            rows = engine.first_mini_batch_rows(batch, 4, engine.algorithm, engine.seed)
-            assert len(plan_micro_batches(batch.select(rows), SMALL_BUDGET, engine.share_prompts)) > 1
-            outputs = engine.compute_values(batch, keep_for_update=keep)
-            metrics = engine.update(batch)
-        results[keep] = (outputs, metrics, engine.full_state_dict())
-        forwards[keep] = calls[0]
-    assert forwards[True] == forwards[False] - 2  # one micro-batch's forward kept in each step
-    (out, metrics, state), (kept_out, kept_metrics, kept_state) = results[False], results[True]
-    torch.testing.assert_close(kept_out, out, atol=1e-6, rtol=0)
-    assert kept_metrics.keys() == metrics.keys()
-    for key, value in metrics.items():
-        assert kept_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    for key, value in state.items():
-        torch.testing.assert_close(kept_state[key], value, atol=1e-6, rtol=1e-5)
-
-
-def test_a_kept_forward_is_used_only_by_the_update_of_its_batch(tiny_model_dir):
-    batch, other = random_batch(PROMPT_LENS, RESPONSE_LENS), random_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)
-    kept, fresh = make_critic(tiny_model_dir, mini_batch_size=4), make_critic(tiny_model_dir, mini_batch_size=4)
-    kept.compute_values(batch, keep_for_update=True)
-    assert kept.update(other) == fresh.update(other)
-    for key, value in fresh.full_state_dict().items():
-        assert torch.equal(kept.full_state_dict()[key], value), key
-
-
-def test_no_forward_is_kept_under_dropout(tiny_model_dir):
-    actor = make_actor(tiny_model_dir, lora=LoraConfig(rank=4, alpha=8, dropout=0.1))
-    batch = random_batch(PROMPT_LENS, RESPONSE_LENS)
-    assert actor.first_mini_batch_rows(batch, 8, actor.algorithm, actor.seed) is None

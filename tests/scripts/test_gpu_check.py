@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_the_gpu_check_rehearses_every_step_on_the_cpu(tmp_path):
+    # the script runs the `python3` on PATH (the GPU machine's): here, the one running the tests
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "gpu_check.sh"), "--rehearse"], capture_output=True,
-                            text=True, timeout=1200, env={**os.environ, "OUT": str(tmp_path), "GPU_CHECK_TIMEOUT": "1100"})
+                            text=True, timeout=1200,
+                            env={**os.environ, "PATH": path, "OUT": str(tmp_path), "GPU_CHECK_TIMEOUT": "1100"})
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result.returncode == 0 and summary["ok"], result.stdout[-3000:] + result.stderr[-3000:]
     assert list(summary["steps"]) == ["device", "model", "memory plan", "one PPO step", "DCP resume round trip",

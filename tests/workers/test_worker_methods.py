@@ -23,7 +23,7 @@ ROLE_OF = {"self.actor": "actor", "self.critic": "critic", "self.rollout": "roll
 
 def test_a_method_becomes_its_name_on_its_own_role_or_as_a_workers_own():
     assert method_name("actor", ActorEngine.update, ("batch",)) == "update"
-    assert method_name("critic", CriticEngine.compute_values, ("batch",), {"keep_for_update": True}) == "compute_values"
+    assert method_name("critic", CriticEngine.compute_values, ("batch",)) == "compute_values"
     assert method_name("rollout", Sampler.generate, ("prompts", 4, 1234), {"greedy": True}) == "generate"
     assert method_name("rollout", Worker.peak_memory_gb, (), {"reset": True}) == "peak_memory_gb"
 
