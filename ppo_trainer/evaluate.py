@@ -51,7 +51,7 @@ def reward_inputs(records: Sequence[PromptRecord], n: int, responses: Sequence[s
     if len(responses) != len(records) * n:
         raise ValueError(f"{len(responses)} responses for {len(records)} prompts x n={n}")
     return [RewardInput(response, record.ground_truth, record.data_source, record.extra_info, record.prompt,
-                        record.messages) for response, record in zip(responses, (r for r in records for _ in range(n)))]
+                        record.messages, record.where) for response, record in zip(responses, (r for r in records for _ in range(n)))]
 
 
 def first_per_source(records: Sequence[PromptRecord], limit: Optional[int]) -> list[PromptRecord]:

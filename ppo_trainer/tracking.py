@@ -12,6 +12,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TextIO
+from urllib.parse import urlsplit, urlunsplit
 
 
 # The compact per-step console line: (metric, label, format).
@@ -38,6 +39,16 @@ def mask_secrets(value: Any, key: str = "") -> Any:
     if isinstance(value, str) and value and _SECRET.search(key) and not key.endswith(("_tokens", "_length")):
         return "***"
     return value
+
+
+def redact_url(url: str) -> str:
+    """`url` with the credentials of its userinfo shown as "***" (https://***@host/path): a URL may
+    carry a password, and error messages and saved configs name the URL."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:

@@ -47,6 +47,7 @@ class PromptRecord:
     extra_info: Any = None  # the row's "extra_info", None when absent
     messages: Messages = field(default_factory=list)  # the chat turns rendered into `prompt`
     origin: str = ""  # the file (generator, hub split) the row came from; PromptLoader mixes train origins
+    where: str = ""  # the row's place in its source ("path:line", "path row N"): scoring failures name it
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str,
             dropped[parsed.data_source] += 1
             continue
         records.append(PromptRecord(index, display_text(parsed.prompt), text, tuple(prompt_ids), parsed.ground_truth,
-                                    parsed.data_source, parsed.extra_info, turns, source.origin))
+                                    parsed.data_source, parsed.extra_info, turns, source.origin, where))
     report_dropped(dropped, Counter(p.data_source for _, _, p, _, _ in prepared), split, cfg.max_prompt_length)
     if not records:
         raise DataError(f"{source.origin}: no {split} prompts left ({len(source.rows)} rows read, {len(skipped)} "

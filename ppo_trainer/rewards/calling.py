@@ -54,6 +54,7 @@ class RewardInput:
     extra_info: Any  # the record's extra_info, None when absent
     prompt: str  # the rendered prompt the model continued (chat template applied)
     messages: Sequence[Mapping[str, Any]] = ()  # the prompt's chat turns (a reward model renders them its way)
+    where: str = ""  # the data row it answers ("path:line", "path row N"), for failure messages
 
 
 @dataclass(frozen=True)

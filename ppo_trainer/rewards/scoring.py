@@ -111,10 +111,11 @@ class FunctionScorer:
 
 
 def failure_line(row: int, value: RewardInput, failure: Failure) -> str:
-    """One line naming a failed row: its number, data_source, ground truth and response (each cut at
-    300 characters), the reason, and what to do."""
+    """One line naming a failed row: its number, the data row it answers (file and line), data_source,
+    ground truth and response (each cut at 300 characters), the reason, and what to do."""
     shown = value.response if len(value.response) <= 300 else value.response[:300] + "..."
-    return (f"reward function failed on row {row} (data_source {value.data_source}, ground truth "
+    origin = f"{value.where}, " if value.where else ""
+    return (f"reward function failed on row {row} ({origin}data_source {value.data_source}, ground truth "
             f"{value.ground_truth!r:.300}, response {shown!r}): {failure.reason}; fix it or set reward.on_error=zero "
             "to score such rows 0")
 
