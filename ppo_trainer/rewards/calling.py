@@ -250,10 +250,17 @@ def read_score(value: Any) -> RowScore:
                              "needs a number under 'score'")
         extras = read_extras({k: v for k, v in value.items() if k != "score"})
         value = value["score"]
+    return finite_score(value), extras
+
+
+def finite_score(value: Any) -> float:
+    """`value` as a float when it is a finite number (an int, a float, a numpy or 0-d tensor scalar;
+    not a bool, not a numeric string): the one rule for every score, a function's, a reward model's
+    or a server's. ValueError naming what it was otherwise."""
     value = _plain(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"returned {value!r:.100} as the score; a score must be a finite number")
-    return float(value), extras
+    return float(value)
 
 
 def read_extras(extras: Mapping[Any, Any]) -> dict[str, Any]:

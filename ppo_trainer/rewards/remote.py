@@ -10,6 +10,7 @@ A request is a POST of JSON `{"query": [prompt + response], "prompts": [prompt],
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -37,6 +38,15 @@ class RemoteScores:
     rewards: list[Optional[float]]
     extras: dict[str, list[Optional[float]]] = field(default_factory=dict)
     failures: list[Optional[RemoteRewardError]] = field(default_factory=list)
+
+
+TOKEN_ENV = "PPO_REWARD_TOKEN"
+
+
+def bearer_token(configured: Optional[str]) -> Optional[str]:
+    """The token requests carry: `reward.remote.token` when set, else $PPO_REWARD_TOKEN (which keeps it
+    out of command lines and saved configs); None for neither."""
+    return configured or os.environ.get(TOKEN_ENV) or None
 
 
 def url_problem(url: str, timeout_s: float = 5.0) -> Optional[str]:

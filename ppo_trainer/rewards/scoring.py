@@ -12,7 +12,7 @@ from ppo_trainer.config import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, Outcome, RewardError, RewardInput, call
 from ppo_trainer.rewards.loader import given_options, resolve
 from ppo_trainer.rewards.pool import WorkerPool
-from ppo_trainer.rewards.remote import RemoteRewardClient
+from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
 
 
 @dataclass
@@ -294,7 +294,7 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
     if r.model.path:
         parts.append(Part("model", RewardModelScorer(reward_model), r.model.coef, RunningNorm(r.model.normalize, r.model.clip)))
     if r.remote.url:
-        client = RemoteRewardClient(r.remote.url, token=r.remote.token, batch_size=r.remote.batch_size,
+        client = RemoteRewardClient(r.remote.url, token=bearer_token(r.remote.token), batch_size=r.remote.batch_size,
                                     concurrency=r.remote.concurrency, timeout_s=r.timeout_s or 60.0,
                                     retries=r.remote.retries)
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
