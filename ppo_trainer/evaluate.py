@@ -22,10 +22,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ConfigError
-from ppo_trainer.config_validation import validate_static
+from ppo_trainer.run.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
+from ppo_trainer.config.validation import validate_static
 from ppo_trainer.data import PromptRecord, load_prompts
 from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from ppo_trainer.rewards.calling import RewardInput, is_builtin

@@ -31,7 +31,7 @@ Score = Callable[[dict[str, list]], dict[str, Any]]  # a request's JSON -> the a
 def function_scorer(fn: str, num_workers: int = 0, timeout_s: Optional[float] = None, batched: bool = False) -> Score:
     """Scores rows with the reward function `fn` (any signature `reward.fn` takes): each response is
     its query less its prompt; labels are the ground truths."""
-    from ppo_trainer.config import RewardConfig
+    from ppo_trainer.config.schema import RewardConfig
     from ppo_trainer.rewards.calling import RewardInput
     from ppo_trainer.rewards.scoring import build_scorer
 
@@ -147,7 +147,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--trust-remote-code", action="store_true", help="--model: run the model folder's code")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from ppo_trainer.config import ConfigError
+    from ppo_trainer.config.schema import ConfigError
 
     try:
         score = (function_scorer(args.fn, args.num_workers, args.timeout_s, args.batched) if args.fn

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer import checkpoint, resume, run_folder, watchdog
+from ppo_trainer.run import checkpoint, folder as run_folder, resume
 from ppo_trainer.batch import Batch
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
@@ -23,7 +23,7 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
-from ppo_trainer.derived_settings import kl_in_reward, uses_ground_truth, uses_reference
+from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
 from ppo_trainer.dtypes import resolve_dtype
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
@@ -34,8 +34,9 @@ from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
+from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.cluster import remove_marker, write_marker
+from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import Worker, WorkerError
 
@@ -87,7 +88,7 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
-        """The resume is checked (`ppo_trainer.resume`), data and reward loaded and config.yaml
+        """The resume is checked (`ppo_trainer.run.resume`), data and reward loaded and config.yaml
         written before any model loads; then the groups. The caller holds the output folder."""
         from ppo_trainer.models.loading import check_critic_vocabulary, load_tokenizer
         from ppo_trainer.workers.group import build_groups
@@ -428,7 +429,7 @@ class Trainer:
         for scorer in {id(s): s for s in (self.scorer, self.val_scorer)}.values():
             scorer.close()
         if self._stop_requested is not None and self.cfg.devices.backend == "ray":
-            from ppo_trainer.workers.ray_backend import disconnect
+            from ppo_trainer.workers.cluster.backend import disconnect
 
             disconnect()
             return

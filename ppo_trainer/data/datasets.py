@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ppo_trainer.config import DataConfig
+from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import arithmetic, digits
 from ppo_trainer.models.loading import hub_offline
 

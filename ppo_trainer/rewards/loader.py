@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ppo_trainer.config import ConfigError, RewardConfig
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import OPTIONS, RewardSpec, SignatureError, absolute_ref, classify, import_reward
 
 

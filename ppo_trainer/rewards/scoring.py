@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
-from ppo_trainer.config import ConfigError, RewardConfig
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, Outcome, RewardError, RewardInput, call
 from ppo_trainer.rewards.loader import given_options, resolve
 from ppo_trainer.rewards.pool import WorkerPool

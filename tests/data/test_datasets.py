@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ppo_trainer.config import ArithmeticConfig, DataConfig, DigitsConfig
+from ppo_trainer.config.schema import ArithmeticConfig, DataConfig, DigitsConfig
 from ppo_trainer.data import DataError, PromptRecord, load_prompts
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.evaluate import prompt_batch

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import RewardConfig
 from ppo_trainer.rewards.calling import RewardError, RewardInput
 from ppo_trainer.rewards.scoring import build_scorer
-from ppo_trainer.run_folder import LOCK_FILE, exclusive
+from ppo_trainer.run.folder import LOCK_FILE, exclusive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,10 +163,10 @@ def test_a_function_the_workers_cannot_load_stops_before_scoring(tmp_path):
 DRIVER = """
 import sys
 from pathlib import Path
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import RewardConfig
 from ppo_trainer.rewards.calling import RewardInput
 from ppo_trainer.rewards.scoring import build_scorer
-from ppo_trainer.run_folder import exclusive
+from ppo_trainer.run.folder import exclusive
 
 fn, out, started = sys.argv[1:]
 with exclusive(Path(out)):

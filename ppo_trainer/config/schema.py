@@ -314,12 +314,12 @@ def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
     return keys
 
 
-# ppo_trainer/configs/ in an installed wheel (package data), configs/ at the root of a checkout.
-CONFIG_DIR = next((d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+# ppo_trainer/config/yaml_tree/ in an installed wheel (package data), configs/ at the root of a checkout.
+CONFIG_DIR = next((d for d in (Path(__file__).parent / "yaml_tree", Path(__file__).parents[2] / "configs")
                    if (d / "ppo.yaml").is_file()), None)
 if CONFIG_DIR is None:
-    raise ImportError(f"ppo_trainer: no configs/ppo.yaml in {Path(__file__).parent} or its parent; the install "
-                      "lacks its package data: reinstall (rm -rf build *.egg-info && pip install .)")
+    raise ImportError(f"ppo_trainer: no ppo.yaml in {Path(__file__).parent / 'yaml_tree'} or the checkout's configs/; "
+                      "the install lacks its package data: reinstall (rm -rf build *.egg-info && pip install .)")
 CONFIG_NAME = "ppo"
 
 

@@ -8,12 +8,12 @@ import re
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from ppo_trainer import metric_names
-from ppo_trainer.batch_sizes import batch_arithmetic
-from ppo_trainer.config import ConfigError, PPOConfig, RewardConfig
+from ppo_trainer.config import metric_names
+from ppo_trainer.config.derived import batch_arithmetic
+from ppo_trainer.config.schema import ConfigError, PPOConfig, RewardConfig
 from ppo_trainer.core import choices
-from ppo_trainer.derived_settings import kl_in_reward, uses_reference
-from ppo_trainer.overrides import check_key, unknown_key_error
+from ppo_trainer.config.derived import kl_in_reward, uses_reference
+from ppo_trainer.config.overrides import check_key, unknown_key_error
 
 
 def _require(ok: bool, key: str, message: str) -> None:

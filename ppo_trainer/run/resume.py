@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.tracking import flatten
 
 log = logging.getLogger("ppo_trainer")
