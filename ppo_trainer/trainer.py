@@ -30,6 +30,7 @@ from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
                                   validation_seed)
 from ppo_trainer.rewards import shaping
+from ppo_trainer.rewards.loader import answer_check
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
 from ppo_trainer.rollout import Sampler
@@ -109,8 +110,8 @@ class Trainer:
         if cfg.critic.path:
             check_critic_vocabulary(cfg.critic.path, tokenizer)
         answers = uses_ground_truth(cfg)  # an RLHF dataset without answers trains on a reward model or server
-        train_records = load_prompts(cfg.data, tokenizer, "train", answers)
-        val_records = load_prompts(cfg.data, tokenizer, "val", answers)
+        train_records = load_prompts(cfg.data, tokenizer, "train", answers, answer_check(cfg, "train"))
+        val_records = load_prompts(cfg.data, tokenizer, "val", answers, answer_check(cfg, "val"))
         if resume_from is not None:
             resume.check_train_data(state, resume.data_fingerprint(train_records), changes, cfg)
             try:  # the saved position must fit the prompts (trainer.resume_allow may have let them change)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, Outcome, RewardError, RewardInput, call
-from ppo_trainer.rewards.loader import given_options, resolve
+from ppo_trainer.rewards.loader import given_options, resolve, start_workers
 from ppo_trainer.rewards.pool import WorkerPool
 from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
 
@@ -123,11 +123,12 @@ def failure_line(row: int, value: RewardInput, failure: Failure) -> str:
 def build_scorer(cfg: RewardConfig, key: str = "reward.fn") -> Optional[FunctionScorer]:
     """The scorer of `reward.*`: the function `resolve`d, on `reward.num_workers` workers (0: in
     this process) with calls bounded by `reward.timeout_s`; None when `cfg.fn` is null. ConfigError
-    for a bad reward.fn (`key` names it), RewardError when the workers cannot load it."""
+    for a bad reward.fn (`key` names it), in the driver or in a worker; RewardError when a worker
+    exits or hangs while loading it."""
     if cfg.fn is None:
         return None
     fn, spec = resolve(cfg, key)
-    pool = WorkerPool(spec, cfg.num_workers, cfg.timeout_s) if cfg.num_workers > 0 else None
+    pool = start_workers(cfg, spec, key)
     return FunctionScorer(fn, spec.calling, cfg.on_error, accuracy_rule(cfg, spec.calling), pool)
 
 
