@@ -138,7 +138,7 @@ def reward_metrics(scores: Scores, cfg: RewardConfig) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.on_error == "zero":
         metrics["reward/errors"] = scores.errors
-        if cfg.timeout_s is not None:
+        if cfg.timeout_s is not None or cfg.remote.url:  # a server's requests are always bounded
             metrics["reward/timeouts"] = scores.timeouts
     metrics.update({f"reward/{name}/mean": mean for name, mean in scores.extra_means().items()})
     if cfg.model.path:  # a learned reward's spread matters as much as its level
@@ -296,8 +296,8 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
         parts.append(Part("model", RewardModelScorer(reward_model), r.model.coef, RunningNorm(r.model.normalize, r.model.clip)))
     if r.remote.url:
         client = RemoteRewardClient(r.remote.url, token=bearer_token(r.remote.token), batch_size=r.remote.batch_size,
-                                    concurrency=r.remote.concurrency, timeout_s=r.timeout_s or 60.0,
-                                    retries=r.remote.retries)
+                                    concurrency=r.remote.concurrency, timeout_s=r.remote.timeout_s,
+                                    retries=r.remote.retries, use_proxy=r.remote.use_proxy)
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
                           RunningNorm(r.remote.normalize, r.remote.clip)))
     return CombinedScorer(function, parts)
