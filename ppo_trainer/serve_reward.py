@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import queue
+import re
 import signal
 import socket
 import sys
@@ -64,7 +65,7 @@ class Answer:
 
 
 RowOutcome = Union[tuple[float, dict[str, Any]], str]  # (score, extras), or why the row failed
-Score = Callable[[dict[str, list]], Answer]  # a checked request (`read_request`) -> its answer; may have close()
+Score = Callable[[dict[str, list]], Answer]  # a checked request (`read_request`) -> its answer; close() if it has one
 
 
 def answer_rows(outcomes: Sequence[RowOutcome], on_error: str) -> Answer:
@@ -149,9 +150,6 @@ class ModelService:
             values = self.engine.score_plain(queries).tolist()
         return answer_rows([_model_outcome(v) for v in values], self.on_error)
 
-    def close(self) -> None:
-        """The model is freed with the process."""
-
 
 def _model_outcome(value: Any) -> RowOutcome:
     try:
@@ -162,9 +160,14 @@ def _model_outcome(value: Any) -> RowOutcome:
 
 def model_scorer(path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
                  on_error: str = "fail") -> ModelService:
-    """Scores rows with the reward model at `path` (a sequence classifier with one label)."""
+    """Scores rows with the reward model at `path` (a sequence classifier with one label); ValueError
+    naming --model for a path that cannot be found, before torch loads."""
+    from ppo_trainer.models.loading import model_path_problem, resolve_model_path
+
+    problem = model_path_problem(path, key="--model")
+    if problem:
+        raise ValueError(problem)
     from ppo_trainer.engine.reward_model import RewardModelEngine
-    from ppo_trainer.models.loading import resolve_model_path
 
     engine = RewardModelEngine(resolve_model_path(path), dtype=dtype, device=device,
                                trust_remote_code=trust_remote_code)
@@ -486,9 +489,7 @@ protocol, for ppo-train's reward.remote.url (or OpenRLHF) on this or another mac
 Request: POST (any path; OpenRLHF posts to /get_reward) a JSON object, one value per query:
   {"query": [prompt + response, ...], "prompts": [prompt, ...], "labels": [ground truth, ...],
    "data_sources": [...], "extra_infos": [...], "messages": [the prompt's chat turns, ...]}
-"query" is required, the rest optional. A function gets each query less its prompt as the response
-and the label as the ground truth; a model renders "messages" in its own template when every row
-has them, else scores each query's text as it comes.
+"query" is required, the rest optional (a function's response is the query less its prompt).
 Answer (200):
   {"rewards": [r, ...], "scores": [the same], "extra_logs": {name: [number or null, ...]},
    "errors": [null, or why the row failed, ...]}
@@ -513,13 +514,9 @@ Example:
 
 
 def _above_zero(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not number > 0 or not math.isfinite(number):
+    if not re.fullmatch(r"\d*\.?\d+|\d+\.", value) or float(value) <= 0:
         raise argparse.ArgumentTypeError(f"must be a number above 0, got {value!r}")
-    return number
+    return float(value)
 
 
 def _count(value: str) -> int:

@@ -245,6 +245,7 @@ def test_a_reward_models_non_finite_score_fails_its_row(served, monkeypatch):
 
     monkeypatch.setattr("ppo_trainer.engine.reward_model.RewardModelEngine", Engine)
     monkeypatch.setattr("ppo_trainer.models.loading.resolve_model_path", lambda path: path)
+    monkeypatch.setattr("ppo_trainer.models.loading.model_path_problem", lambda path, key: None)
     status, raw = request(served(model_scorer("a-model")), {"query": ["x", "y", "z"]})
     answer = strict_json(raw)
     assert status == 200 and answer["rewards"] == [1.0, None, None]
