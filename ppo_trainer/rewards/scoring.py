@@ -93,6 +93,14 @@ class FunctionScorer:
                 self._add(scores, len(scores.values), outcome, rows)
         return scores
 
+    def outcomes(self, rows: Sequence[RewardInput]) -> list[Outcome]:
+        """Each row's outcome, a failed row's `Failure` included whatever reward.on_error says: for a
+        caller that reports failures row by row (ppo-serve-reward answers them to its client)."""
+        tasks = [list(rows)] if self.calling.batched else [[row] for row in rows]
+        if self.pool is not None:
+            return [o for task in self.pool.map(tasks) for o in task]
+        return [o for task in tasks for o in call(self.fn, self.calling, task)]
+
     def _add(self, scores: Scores, row: int, outcome: Outcome, rows: Sequence[RewardInput]) -> None:
         if not isinstance(outcome, Failure):
             scores.values.append(outcome[0])

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.rewards.remote import RemoteRewardClient, url_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -375,7 +375,7 @@ def test_a_second_ctrl_c_leaves_score_and_the_process_while_a_request_hangs():
 def test_reward_remote_timeout_s_bounds_requests_and_reward_timeout_s_only_functions():
     """Base commit: requests were bounded by reward.timeout_s (60 s when unset), which needs reward
     workers; reward.remote.timeout_s did not exist."""
-    from ppo_trainer.config import ConfigError
+    from ppo_trainer.config.schema import ConfigError
     from ppo_trainer.rewards.scoring import build_training_scorer
 
     remote = ["+experiment=smoke", "reward.remote.url=http://127.0.0.1:9/get_reward"]
