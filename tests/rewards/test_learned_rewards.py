@@ -12,7 +12,8 @@ import pytest
 from ppo_trainer.rewards.calling import RewardInput
 from ppo_trainer.rewards.remote import RemoteRewardClient
 from ppo_trainer.rewards.scoring import CombinedScorer, Part, RunningNorm, Scores
-from ppo_trainer.serve_reward import function_scorer, make_server, model_scorer
+from ppo_trainer.rewards.serving import function_scorer, model_scorer
+from ppo_trainer.serve_reward import make_server
 
 ROWS = [RewardInput(r, "7", "arith", None, "Q: 3+4? ", [{"role": "user", "content": "3+4?"}]) for r in ("7", "8", "77")]
 

@@ -23,7 +23,8 @@ from typing import Any, Optional
 import pytest
 
 from ppo_trainer import serve_reward
-from ppo_trainer.serve_reward import function_scorer, main, make_server, model_scorer
+from ppo_trainer.rewards.serving import function_scorer, model_scorer
+from ppo_trainer.serve_reward import main, make_server
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ppo_trainer.config.composition import compose
-from ppo_trainer.serve_reward import function_scorer, make_server
+from ppo_trainer.rewards.serving import function_scorer
+from ppo_trainer.serve_reward import make_server
 from ppo_trainer.trainer import run_training
 
 SMOKE = ["+experiment=smoke", "trainer.loggers=[jsonl]", "trainer.total_steps=2", "trainer.save_every=0"]
