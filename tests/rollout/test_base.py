@@ -11,7 +11,7 @@ import torch
 
 from ppo_trainer.rollout import check_vllm_available, prompts_to_batch
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop
-from ppo_trainer.models.critic import safetensors_ready
+from ppo_trainer.models.export import safetensors_ready
 
 
 def test_prompts_to_batch_left_pads_and_counts_positions_from_first_real_token():
@@ -112,7 +112,8 @@ def test_vllm_sync_while_asleep_wakes_only_the_weights_and_wake_brings_back_the_
     sampler = engine_without_start(sleep_enabled=True)
     sampler.sleep()
     sampler.sleep()  # already asleep: nothing more
-    sampler.sync_weights({"w": torch.zeros(2)})
+    sampler.load_weight_bucket({"w": torch.zeros(2)})
+    sampler.finish_weight_sync()
     sampler.wake()
     sampler.wake()  # already awake: nothing more
     assert sampler.llm.calls == [
@@ -128,5 +129,6 @@ def test_vllm_sleep_and_wake_are_no_ops_without_sleep_mode():
     sampler = engine_without_start(sleep_enabled=False)
     sampler.sleep()
     sampler.wake()
-    sampler.sync_weights({"w": torch.zeros(2)})
+    sampler.load_weight_bucket({"w": torch.zeros(2)})
+    sampler.finish_weight_sync()
     assert sampler.llm.calls == [("rpc", "ppo_load_weights"), ("reset_prefix_cache",)]

@@ -25,7 +25,8 @@ def sampler(request, hf_eos_sampler, eos_state):
         hf_eos_sampler.cfg = sampler_config()
     else:
         engine = request.getfixturevalue("vllm_sampler")
-        engine.sync_weights(eos_state)
+        engine.load_weight_bucket(eos_state)
+        engine.finish_weight_sync()
         yield engine
 
 
@@ -153,7 +154,8 @@ def test_hf_sampler_leaves_the_global_rng_untouched(hf_eos_sampler, prompts):
 
 
 def test_greedy_decoding_agrees_between_hf_and_vllm(hf_eos_sampler, vllm_sampler, eos_state, prompts):
-    vllm_sampler.sync_weights(eos_state)
+    vllm_sampler.load_weight_bucket(eos_state)
+    vllm_sampler.finish_weight_sync()
     hf = hf_eos_sampler.generate(prompts, 1, seed=0, greedy=True)
     vl = vllm_sampler.generate(prompts, 1, seed=1, greedy=True)
     assert torch.equal(hf.input_ids, vl.input_ids)
@@ -171,7 +173,8 @@ def test_hf_sampling_logprobs_match_a_plain_forward(hf_eos_sampler, prompts, eos
 
 def test_vllm_seeded_sampling_handles_more_prompt_tokens_than_one_engine_step(vllm_sampler, eos_state, tokenizer):
     """Prompts whose prefill spans several scheduler steps (chunked prefill would crash seeded CPU sampling)."""
-    vllm_sampler.sync_weights(eos_state)
+    vllm_sampler.load_weight_bucket(eos_state)
+    vllm_sampler.finish_weight_sync()
     budget = vllm_sampler.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     prompt = tokenizer("1 + 2 = ? " * 10)["input_ids"]
     count = budget // len(prompt) + 4
@@ -220,7 +223,8 @@ def test_the_hf_sampler_ignores_the_models_generation_config(leaky_model_dir, pr
 
 def test_the_vllm_sampler_ignores_the_models_generation_config(vllm_sampler, eos_state, eos_model_dir, prompts):
     assert "min_p" in vllm_sampler.llm.llm_engine.model_config.try_get_generation_config()  # the engine's model
-    vllm_sampler.sync_weights(eos_state)
+    vllm_sampler.load_weight_bucket(eos_state)
+    vllm_sampler.finish_weight_sync()
     vllm_sampler.cfg = sampler_config(temperature=0.9)
     out = vllm_sampler.generate(prompts, 4, seed=1)
     assert out.response_length > 2

@@ -1,4 +1,4 @@
-"""After an actor update, `sync_weights` makes the sampler sample from the updated policy.
+"""After an actor update, a weight push (`load_weight_bucket`, `finish_weight_sync`) makes the sampler sample from the updated policy.
 
 The proof is in the logprobs: the engine's sampling logprobs of its own tokens equal the actor's
 recomputed log_softmax(logits / T) (fp32, < 1e-3) after the push, and visibly differ before it.
@@ -50,7 +50,8 @@ def check_sync(sampler, actor, prompts: Batch, merged_state) -> None:
     optimizer_step(actor, rollout)
     for temperature in (1.0, 0.7):
         assert max_gap(sampler, actor, prompts, temperature) > STALE, "the engine already had the new weights"
-    sampler.sync_weights(merged_state())
+    sampler.load_weight_bucket(merged_state())
+    sampler.finish_weight_sync()
     for temperature in (1.0, 0.7):
         assert max_gap(sampler, actor, prompts, temperature) < MATCH
 
@@ -62,7 +63,8 @@ def test_vllm_matches_the_full_fine_tuned_actor_only_after_sync(vllm_sampler, ti
     if as_bytes:  # the form a worker in another process (tensor parallel, V1 multiprocessing) receives
         monkeypatch.setattr(vllm_sampler, "_worker_in_process", False)
     actor = load_model(tiny_model_dir)
-    vllm_sampler.sync_weights(actor.state_dict())
+    vllm_sampler.load_weight_bucket(actor.state_dict())
+    vllm_sampler.finish_weight_sync()
     check_sync(vllm_sampler, actor, prompts, merged_state=actor.state_dict)
 
 
@@ -70,7 +72,8 @@ def test_vllm_matches_the_lora_actor_after_syncing_merged_weights(vllm_sampler, 
     from peft import LoraConfig, get_peft_model
 
     base = load_model(tiny_model_dir)
-    vllm_sampler.sync_weights(base.state_dict())
+    vllm_sampler.load_weight_bucket(base.state_dict())
+    vllm_sampler.finish_weight_sync()
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     actor = get_peft_model(base, lora)
@@ -93,4 +96,5 @@ def test_hf_sampler_with_its_own_copy_matches_the_actor_only_after_sync(tiny_mod
 def test_hf_sync_rejects_names_the_model_does_not_have(tiny_model_dir):
     sampler = HFSampler(tiny_model_dir, sampler_config())
     with pytest.raises(KeyError, match="unknown"):
-        sampler.sync_weights({"model.not_a_layer.weight": torch.zeros(1)})
+        sampler.load_weight_bucket({"model.not_a_layer.weight": torch.zeros(1)})
+        sampler.finish_weight_sync()

@@ -172,7 +172,8 @@ def test_one_update_through_ray_gives_the_local_backends_weights(ray_groups, loc
 
 def test_weights_pushed_through_ray_reach_the_rollout_engine(ray_groups, prompts):
     state = ray_groups["actor"].run_all(ActorEngine.full_state_dict)[0]
-    ray_groups["rollout"].run_all(Sampler.sync_weights, state)
+    ray_groups["rollout"].run_all(Sampler.load_weight_bucket, state)
+    ray_groups["rollout"].run_all(Sampler.finish_weight_sync)
     out = ray_groups["rollout"].run_split(Sampler.generate, prompts, 2, seed=3)
     assert len(out) == 2 * len(prompts)
     recomputed = ray_groups["actor"].run_split(ActorEngine.compute_logprobs, out)
