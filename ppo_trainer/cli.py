@@ -1,24 +1,33 @@
 """`ppo-train` (a Hydra app) and `ppo-eval`. Exit codes: 0 success, 1 a runtime failure, 2 a config
 or input error (Hydra exits 1 on a bad override: overrides are checked before Hydra runs, and an
-exit before our task starts counts as a config error). torch, ray, vllm load inside the run."""
+exit before our task starts counts as a config error). torch, ray, vllm load inside the run.
+
+Secrets never reach Hydra: it prints the command line's overrides (launcher and error lines) and
+saves them (multirun.yaml), so `reward.remote.token=...` moves into $PPO_REWARD_TOKEN before Hydra
+reads the command line, credentials in a URL are refused, and `MaskSecrets` masks the copies of
+the config Hydra writes (docs/rewards.md)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Any, MutableMapping, NoReturn, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from ppo_trainer.config.composition import check_grid_sweep
+from ppo_trainer.config.composition import check_grid_sweep, compose
 from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
-from ppo_trainer.config.validation import validate_static
+from ppo_trainer.config.validation import url_credentials_error, validate_static
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides
-from ppo_trainer.run.folder import absolute_output_dir, exclusive
-from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels, shown_path
+from ppo_trainer.rewards.remote import TOKEN_ENV
+from ppo_trainer.run.folder import absolute_output_dir, exclusive, output_dir_problem
+from ppo_trainer.tracking import (engine_output_to_file, flatten, has_credentials, mask_secrets, set_engine_log_levels,
+                                  shown_path)
 
 log = logging.getLogger("ppo_trainer")
 
@@ -58,6 +67,9 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             raise
         if multirun and "optuna" in str(hydra_cfg.sweeper.get("_target_", "")):
             check_search_direction(hydra_cfg.sweeper.get("direction"), cfg.trainer.objective_direction)
+        unusable = output_dir_problem(cfg.trainer.output_dir)
+        if unusable:
+            raise ConfigError(unusable)
         user_set_output = any(o.lstrip("+").startswith("trainer.output_dir=") for o in hydra_cfg.overrides.task)
         if multirun:  # each sweep job writes (and resumes) in its own folder: the job's, or <output_dir>/<job number>
             cfg.trainer.output_dir = (str(Path(cfg.trainer.output_dir) / str(hydra_cfg.job.num)) if user_set_output
@@ -67,8 +79,8 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         if cfg.trainer.dry_run:
             plan = describe_plan(cfg, problems)
             print(plan)
-            if multirun:  # a sweep's folder exists anyway (multirun.yaml): record each job's plan in it
-                Path(cfg.trainer.output_dir, "plan.txt").write_text(plan + "\n")
+            if multirun:  # a sweep's job folders exist anyway (multirun.yaml): record each job's plan in its own
+                Path(hydra_cfg.runtime.output_dir, "plan.txt").write_text(plan + "\n")
             else:
                 _remove_if_empty(Path(hydra_cfg.runtime.output_dir))
                 if cfg.devices.backend == "ray" and cfg.devices.ray.address:
@@ -142,12 +154,19 @@ def train_main(argv: Optional[list[str]] = None) -> None:
     flags = [arg for arg in argv if arg not in overrides]  # Hydra's flags, with their values
     # --info logs through a stdout handler Hydra adds to the root logger: ours would repeat each line
     _quiet_third_party_logs(console=not any(f == "--info" or f.startswith("--info=") for f in flags))
+    try:  # first: Hydra's --help and --cfg print the overrides' values too
+        overrides = move_token_to_environment(overrides, os.environ)
+        refuse_url_credentials(overrides)
+    except ConfigError as e:
+        _exit("ppo-train: config error", e, 2)
     overrides = normalize_overrides(overrides)
     if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
             check_overrides(overrides)
             if any(f in ("--multirun", "-m") for f in flags):
                 check_grid_sweep(overrides)
+            elif not any(f in ("--cfg", "-c", "--info") or f.startswith(("--cfg=", "--info=")) for f in flags):
+                check_output_dir(overrides)  # Hydra makes trainer.output_dir (hydra.run.dir) before our task
         except ConfigError as e:
             _exit("ppo-train: config error", e, 2)
 
@@ -161,6 +180,87 @@ def train_main(argv: Optional[list[str]] = None) -> None:
         if e.code == 1 and not _task_started:
             sys.exit(2)  # Hydra rejected the command line or the composition: a config error
         raise
+
+
+_TOKEN_OVERRIDE = re.compile(r"^\+{0,2}reward\.remote\.token=(.*)$", re.DOTALL)
+_URL_OVERRIDE = re.compile(r"^\+{0,2}reward\.remote\.url=(.*)$", re.DOTALL)
+
+
+def move_token_to_environment(overrides: list[str], environ: MutableMapping[str, str]) -> list[str]:
+    """`overrides` less `reward.remote.token=VALUE`, whose value goes to $PPO_REWARD_TOKEN instead,
+    where the reward client reads it (`rewards.remote.bearer_token`). A value Hydra's grammar cannot
+    read (base64's `=` and `/`) is taken whole, a quoted one without its quotes; an interpolation
+    (`${oc.env:...}`), null or '' stays an override: it holds no secret. ConfigError for a sweep
+    over several tokens, without echoing them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    kept = []
+    for override in overrides:
+        match = _TOKEN_OVERRIDE.match(override)
+        if match is None:
+            kept.append(override)
+            continue
+        try:
+            parsed = OverridesParser.create().parse_override(override)
+        except HydraException:
+            parsed = None  # Hydra never sees it: the raw text is the token
+        if parsed is not None and parsed.is_sweep_override():
+            raise ConfigError("reward.remote.token is swept over several values, but a run sends one token: give one, "
+                              f"or better set ${TOKEN_ENV}, and sweep other keys")
+        value = parsed.value() if parsed is not None else match.group(1)
+        if value is None or value == "" or (isinstance(value, str) and "${" in value):
+            kept.append(override)
+        else:
+            environ[TOKEN_ENV] = value if isinstance(value, str) else match.group(1)
+    return kept
+
+
+def refuse_url_credentials(overrides: list[str]) -> None:
+    """ConfigError (the URL masked) for `reward.remote.url=` credentials (`user:password@`) on the
+    command line, before Hydra prints them; validation refuses those of a config file."""
+    for override in overrides:
+        match = _URL_OVERRIDE.match(override)
+        urls = [url.strip("'\" ") for url in match.group(1).split(",")] if match else []
+        for url in urls:
+            if has_credentials(url):
+                raise url_credentials_error(url)
+
+
+def check_output_dir(overrides: list[str]) -> None:
+    """ConfigError when the composed `trainer.output_dir` is a file or lies under one: one line
+    instead of the traceback of Hydra making the run's folder there."""
+    unusable = output_dir_problem(compose(overrides).trainer.output_dir)
+    if unusable:
+        raise ConfigError(unusable)
+
+
+class MaskSecrets(Callback):
+    """Hydra's own copies of the config (a sweep's multirun.yaml; .hydra/config.yaml of a job when
+    hydra.output_subdir is set) masked as ours are (`tracking.mask_secrets`): a token written in a
+    config file stays in that file. Named in configs/ppo.yaml under hydra.callbacks."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The sweeper saves this object as multirun.yaml; each job composes its own config again.
+        Leaf by leaf: the typed nodes refuse a plain dict (Hydra turns a callback's error into a warning)."""
+        task = _task(config)
+        before = flatten(task)
+        with read_write(config), open_dict(config):
+            for key, value in flatten(mask_secrets(task)).items():
+                if value != before[key]:
+                    OmegaConf.update(config, key, value, merge=False)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra saved the job's config (unmasked) just before this call."""
+        subdir = config.hydra.output_subdir
+        saved = Path(config.hydra.runtime.output_dir, subdir, "config.yaml") if subdir else None
+        if saved is not None and saved.is_file():
+            OmegaConf.save(OmegaConf.create(mask_secrets(_task(config))), saved)
+
+
+def _task(config: DictConfig) -> dict[str, Any]:
+    """The config less Hydra's part, unresolved, as plain containers."""
+    return {key: OmegaConf.to_container(config[key], resolve=False) for key in config if key != "hydra"}
 
 
 def eval_main(argv: Optional[list[str]] = None) -> None:

@@ -52,13 +52,16 @@ def check_value(key: str, value: Any) -> None:
 
 _FILE_LIST_KEY = re.compile(r"^(\+*data\.(?:train|val)_files)=([^\[].*)$")  # a single path, not [...]
 _OPEN_DICT_KEY = re.compile(r"^\+*(data\.chat_template_kwargs(?:\.[^=]+)?=)")  # its keys are the template's
+_IPV6_RAY_ADDRESS = re.compile(r"^(\+*devices\.ray\.address=)(\[[\w:.%]+\]:\d+)$")  # [::1]:6379
 
 
 def normalize_overrides(overrides: list[str]) -> list[str]:
     """Accept a single path for the list-typed file keys: `data.val_files=test.jsonl` -> `[test.jsonl]`;
     let `data.chat_template_kwargs={k: v}` and `data.chat_template_kwargs.k=v` add keys (`++`), which
-    Hydra's struct mode would refuse without a `+`."""
-    return [_OPEN_DICT_KEY.sub(r"++\1", _FILE_LIST_KEY.sub(r"\1=[\2]", override)) for override in overrides]
+    Hydra's struct mode would refuse without a `+`; take `devices.ray.address=[::1]:6379` (Ray's
+    IPv6 form) as the string it is, not as a list Hydra cannot parse."""
+    return [_IPV6_RAY_ADDRESS.sub(r"\1'\2'", _OPEN_DICT_KEY.sub(r"++\1", _FILE_LIST_KEY.sub(r"\1=[\2]", override)))
+            for override in overrides]
 
 
 def check_overrides(overrides: list[str]) -> None:

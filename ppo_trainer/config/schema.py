@@ -140,7 +140,8 @@ class DeviceRoleConfig:  # the devices of one role
 
 @dataclass
 class RayConfig:  # the Ray cluster to join or start (devices.backend=ray)
-    address: Optional[str] = None  # the cluster to join; None: start a local Ray bound to 127.0.0.1
+    # the cluster to join: HOST:PORT, [IPv6]:PORT; None: start a local Ray bound to 127.0.0.1
+    address: Optional[str] = None
     num_cpus: Optional[int] = None  # logical CPUs to declare when starting Ray
     dashboard: bool = False  # start Ray's dashboard with a local Ray
 
@@ -222,7 +223,9 @@ class RewardModelConfig:  # a learned reward: a sequence classifier (docs/reward
 class RemoteRewardConfig:  # a reward server speaking OpenRLHF's protocol (docs/rewards.md)
     url: Optional[str] = None  # e.g. http://127.0.0.1:5000/get_reward
     coef: float = 1.0  # its weight in the training score
-    token: Optional[str] = None  # bearer token; e.g. ${oc.env:REWARD_TOKEN} (saved configs mask it)
+    # bearer token; null: $PPO_REWARD_TOKEN. Given on the command line it moves there (Hydra's lines and files
+    # never show it); saved and printed configs mask it
+    token: Optional[str] = None
     batch_size: int = 64  # rows per request
     concurrency: int = 4  # requests in flight
     retries: int = 3  # after a connection error, a 5xx or a 429 answer, with doubling waits from 1 s (429: Retry-After)
@@ -275,7 +278,9 @@ class TrainerConfig:  # the run: steps, cadences, checkpoints, resume, logging
     val_every: int = 10  # validation every N steps; 0 validates only before the first and after the last step
     save_every: int = 10  # a checkpoint every N steps; 0 saves only at the end
     keep_last: int = 2  # checkpoints kept; older ones are removed
-    resume: str = "auto"  # auto | never (the previous run is moved aside) | a checkpoint path
+    # auto | never (the previous run is moved aside) | a checkpoint: its global_step_N folder, a
+    # checkpoints/latest or checkpoints/best pointer (the step it names), or a run folder (its latest)
+    resume: str = "auto"
     resume_allow: list[str] = field(default_factory=list)  # refused resume changes accepted knowingly (resume.py)
     stop_after_steps: Optional[int] = None  # end this invocation early (total_steps unchanged)
     # any of console | jsonl | tensorboard | wandb | mlflow

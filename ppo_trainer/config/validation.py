@@ -14,6 +14,7 @@ from ppo_trainer.config.schema import ConfigError, PPOConfig, RewardConfig
 from ppo_trainer.core import choices
 from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.config.overrides import check_key, unknown_key_error
+from ppo_trainer.tracking import has_credentials, redact_url
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -205,6 +206,15 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def url_credentials_error(url: str) -> ConfigError:
+    """The error for credentials in reward.remote.url: the client cannot send them (urllib takes the
+    userinfo for part of the host name), and the URL is printed and saved; the token goes elsewhere."""
+    return ConfigError(f"reward.remote.url={redact_url(url)} holds credentials (user:password@), which the client "
+                       "does not send and which would show wherever the URL is printed or saved; remove them and "
+                       "give the server's token with reward.remote.token=... or $PPO_REWARD_TOKEN (sent as "
+                       "'Authorization: Bearer <token>')")
+
+
 def _reward_checks(cfg: DictConfig) -> None:
     """reward.*: the function's form, the pool, the shaping (docs/rewards.md). Its signature is
     checked where it is imported (rewards/loader.py), before any model loads."""
@@ -215,6 +225,8 @@ def _reward_checks(cfg: DictConfig) -> None:
         fn = OmegaConf.select(cfg, key)
         _require(fn is None or ":" in fn, key, f"is {fn!r}; expected 'module:function' or 'path/to/file.py:function'")
     _one_of(cfg, ("auto", "float32", "bfloat16", "float16"), "reward.model.dtype")
+    if r.remote.url and has_credentials(r.remote.url):
+        raise url_credentials_error(r.remote.url)
     for part in ("model", "remote"):
         _require(r[part].clip is None or r[part].clip > 0, f"reward.{part}.clip", f"must be > 0, or null, got {r[part].clip}")
     _lower_bound(cfg, ">=", 1, "reward.remote.batch_size", "reward.remote.concurrency")

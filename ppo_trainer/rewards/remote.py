@@ -18,7 +18,6 @@ exception out of `score`; messages show the URL through `redact_url`.
 
 from __future__ import annotations
 
-import base64
 import email.utils
 import functools
 import http.client
@@ -32,7 +31,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ppo_trainer.tracking import redact_url
 
@@ -78,23 +77,11 @@ def bearer_token(configured: Optional[str]) -> Optional[str]:
     return configured or os.environ.get(TOKEN_ENV) or None
 
 
-def authorization(url: str, token: Optional[str]) -> Optional[bytes]:
+def authorization(token: Optional[str]) -> Optional[bytes]:
     """The Authorization header, as bytes: "Bearer <token>" in UTF-8 (http.client would encode a str
-    as latin-1, which breaks a non-ASCII token; ppo-serve-reward compares the bytes), else Basic
-    auth from credentials in the URL (as `requests` sends them), else None."""
-    if token:
-        return b"Bearer " + token.encode()
-    parts = urlsplit(url)
-    if parts.username is None:
-        return None
-    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-    return b"Basic " + base64.b64encode(pair)
-
-
-def without_userinfo(url: str) -> str:
-    """`url` without credentials (they travel in the Authorization header, not in the host)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    as latin-1, which breaks a non-ASCII token; ppo-serve-reward compares the bytes); None without
+    a token. Credentials in a URL are refused by the config check, never sent."""
+    return b"Bearer " + token.encode() if token else None
 
 
 def time_left(deadline: float) -> float:
@@ -237,8 +224,8 @@ def url_problem(url: str, token: Optional[str] = None, *, use_proxy: bool = Fals
         port = None
     if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
         return f"reward.remote.url={shown}: not an http(s) URL (e.g. http://127.0.0.1:5000/get_reward)"
-    auth = authorization(url, token)
-    request = _Request(without_userinfo(url), headers={"Authorization": auth} if auth else {}, method="GET",
+    auth = authorization(token)
+    request = _Request(url, headers={"Authorization": auth} if auth else {}, method="GET",
                        deadline=time.monotonic() + timeout_s)
     try:
         build_opener(use_proxy).open(request, timeout=timeout_s).close()
@@ -314,8 +301,8 @@ class RemoteRewardClient:
                  timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0, use_proxy: bool = False) -> None:
         self.url, self.shown, self.batch_size, self.concurrency = url, redact_url(url), batch_size, concurrency
         self.timeout_s, self.retries, self.backoff_s, self.use_proxy = timeout_s, retries, backoff_s, use_proxy
-        auth = authorization(url, token)
-        self._target, self._opener = without_userinfo(url), build_opener(use_proxy)
+        auth = authorization(token)
+        self._target, self._opener = url, build_opener(use_proxy)
         self._headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
 
     def score(self, rows: dict[str, Sequence[Any]]) -> RemoteScores:

@@ -233,13 +233,22 @@ def last_complete(output_dir: Path) -> Optional[Path]:
 
 def resolve_resume(output_dir: Path, resume: str) -> Optional[Path]:
     """trainer.resume: 'auto' (latest of output_dir, if any, after `recover`), 'never', or a
-    checkpoint folder."""
+    checkpoint as ppo-eval's model.path names one: a global_step_N folder, a `latest` or `best`
+    pointer file (the step it names now), or a run folder (its latest)."""
     if resume == "never":
         return None
     if resume == "auto":
         recover(output_dir)
         return latest_checkpoint(output_dir)
     folder = Path(os.path.abspath(Path(resume).expanduser()))
+    if folder.is_file() and folder.parent.name == "checkpoints":
+        folder = read_pointer(folder)
+    elif checkpoints_dir(folder).is_dir() and not (folder / "state").is_dir():
+        latest = latest_checkpoint(folder)
+        if latest is None:
+            raise CheckpointError(f"trainer.resume={resume}: the run holds no checkpoint yet; resume from "
+                                  "another one, or start over with trainer.resume=never")
+        folder = latest
     if not (folder / "state" / "trainer.json").is_file():
         raise CheckpointError(f"trainer.resume={resume}: not a complete checkpoint folder "
                               "(expected state/trainer.json inside checkpoints/global_step_N)")

@@ -39,6 +39,20 @@ def absolute_output_dir(cfg: DictConfig) -> Path:
     return Path(cfg.trainer.output_dir)
 
 
+def output_dir_problem(output_dir: str) -> Optional[str]:
+    """Why `trainer.output_dir` cannot be the run's folder (it, or a folder above it, is a file), or
+    None: checked before Hydra or the run makes the folder, which would end in a traceback."""
+    folder = Path(os.path.abspath(os.path.expanduser(output_dir)))
+    for path in (folder, *folder.parents):
+        if path.is_dir():
+            return None
+        if os.path.lexists(path):
+            what = "a file, not a folder" if path.is_file() else "not a folder"
+            return (f"trainer.output_dir={output_dir}: {path} is {what}; choose another trainer.output_dir, "
+                    "or move the file away")
+    return None
+
+
 _held: dict[Path, int] = {}  # folder -> depth: the lock is re-entrant within this process
 
 
@@ -140,7 +154,8 @@ def move_previous_run(output_dir: Path) -> Optional[Path]:
 
 
 def resolved_config(cfg: DictConfig) -> DictConfig:
-    """The config as a run records it (config.yaml, each checkpoint): values of secret-looking keys masked."""
+    """The config as a run records it (config.yaml, each checkpoint): values of secret-looking keys
+    and the credentials of URLs masked (`tracking.mask_secrets`)."""
     return OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))
 
 

@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import socket
 import time
 import uuid
@@ -205,12 +206,22 @@ def model_paths(cfg: DictConfig) -> dict[str, str]:
             for key, p in paths.items()}
 
 
+_BRACKETED = re.compile(r"^\[([^\]]+)\]:(\d+)$")  # [IPv6]:port, the form Ray reads (ray build_address)
+
+
 def ray_address_problem(address: str, timeout_s: float = 5.0) -> str | None:
-    """Whether anything answers at a `host:port` devices.ray.address (a TCP connect: Ray itself would
-    retry for minutes); other forms (`auto`, `ray://...`) are left to Ray."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return None
+    """Whether anything answers at a `host:port` or `[IPv6]:port` devices.ray.address (a TCP connect:
+    Ray itself would retry for minutes); other forms (`auto`, `ray://...`) are left to Ray."""
+    bracketed = _BRACKETED.match(address)
+    if bracketed:
+        host, port = bracketed.groups()
+    else:
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit() or "://" in address:
+            return None
+        if ":" in host:
+            return (f"devices.ray.address={address}: an IPv6 address needs brackets, as Ray reads it: "
+                    f"devices.ray.address='[{host}]:{port}'")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
