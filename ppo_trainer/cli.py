@@ -13,11 +13,11 @@ from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.composition import check_grid_sweep
-from ppo_trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError
-from ppo_trainer.config_validation import validate_static
-from ppo_trainer.overrides import check_overrides, normalize_overrides
-from ppo_trainer.run_folder import absolute_output_dir, exclusive
+from ppo_trainer.config.composition import check_grid_sweep
+from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
+from ppo_trainer.config.validation import validate_static
+from ppo_trainer.config.overrides import check_overrides, normalize_overrides
+from ppo_trainer.run.folder import absolute_output_dir, exclusive
 from ppo_trainer.tracking import engine_output_to_file, set_engine_log_levels, shown_path
 
 log = logging.getLogger("ppo_trainer")
@@ -38,7 +38,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ppo_trainer.plan import describe_plan, dtype_summary, environment_problems
+    from ppo_trainer.plan.dry_run import describe_plan, dtype_summary, environment_problems
 
     global _task_started
     _task_started = True
@@ -72,7 +72,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             else:
                 _remove_if_empty(Path(hydra_cfg.runtime.output_dir))
                 if cfg.devices.backend == "ray" and cfg.devices.ray.address:
-                    from ppo_trainer.workers.cluster_check import run_check
+                    from ppo_trainer.workers.cluster.check import run_check
 
                     run_check(cfg)  # the cluster this run would join, checked (docs/cluster.md)
             return None
@@ -87,7 +87,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
                 log.info("dtypes: %s", dtype_summary(cfg))
                 return run_training(cfg)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
-        from ppo_trainer.checkpoint import last_complete
+        from ppo_trainer.run.checkpoint import last_complete
 
         last = last_complete(Path(cfg.trainer.output_dir))
         where = (f"the last complete checkpoint is {shown_path(last)}: rerun to continue" if last
@@ -110,11 +110,11 @@ def _exit(what: str, error: BaseException, code: int) -> NoReturn:
 
 # Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
 _INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
-                 ("ppo_trainer.checkpoint", "CheckpointError"), ("ppo_trainer.run_folder", "OutputDirBusy"),
-                 ("ppo_trainer.workers.placement", "PlacementError"), ("ppo_trainer.workers.cluster", "ClusterMismatch"))
+                 ("ppo_trainer.run.checkpoint", "CheckpointError"), ("ppo_trainer.run.folder", "OutputDirBusy"),
+                 ("ppo_trainer.workers.cluster.placement", "PlacementError"), ("ppo_trainer.workers.cluster.nodes", "ClusterMismatch"))
 _RUN_ERRORS = (("ppo_trainer.rewards.calling", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
                ("ppo_trainer.trainer", "StoppedBySignal"),
-               ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.checkpoint", "CheckpointSaveError"))
+               ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.run.checkpoint", "CheckpointSaveError"))
 
 
 def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:

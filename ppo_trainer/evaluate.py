@@ -22,13 +22,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ConfigError
-from ppo_trainer.config_validation import validate_static
+from ppo_trainer.run.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
+from ppo_trainer.config.validation import validate_static
 from ppo_trainer.data import PromptRecord, load_prompts
 from ppo_trainer.models.loading import ModelPathError, load_tokenizer, resolve_model_path
 from ppo_trainer.rewards.calling import RewardInput, is_builtin
+from ppo_trainer.rewards.loader import answer_check
 from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
 from ppo_trainer.rewards.scoring import Scorer, build_scorer
 from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
@@ -301,7 +302,8 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                 numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
                 output_file = default_file if len(targets) == 1 else numbered
                 tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
-                records = first_per_source(load_prompts(cfg.data, tokenizer, "val"), cfg.eval.limit)
+                loaded = load_prompts(cfg.data, tokenizer, "val", check_answer=answer_check(cfg, "val"))
+                records = first_per_source(loaded, cfg.eval.limit)
                 logger.info("eval: %s with %s", decoding, "vLLM" if name == "vllm" else "Hugging Face generate")
                 sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
                                         max_prompt_length=max(len(r.prompt_ids) for r in records),

@@ -1,170 +1,607 @@
 """`ppo-serve-reward`: a reward function or a reward model served over HTTP in OpenRLHF's remote
-reward protocol (`rewards/remote.py`), so that a run's `reward.remote.url`, or OpenRLHF, can score
-on another machine (a judge on its own GPU, a sandbox that runs code).
+reward protocol (`rewards/remote.py` is the client), so that a run's `reward.remote.url`, or
+OpenRLHF, can score on another machine (a judge on its own GPU, a sandbox that runs code).
 
-    ppo-serve-reward --fn path/to/reward.py:compute_score --port 5000
-    ppo-serve-reward --model path/to/reward-model --port 5000 --token "$REWARD_TOKEN"
-
-It binds 127.0.0.1 unless --host says otherwise. With --token (or PPO_REWARD_TOKEN) a request
-must carry `Authorization: Bearer <token>`. POST any path (OpenRLHF's clients post to
-/get_reward); GET answers {"ok": true} for health checks."""
+Handler threads read, check and answer requests concurrently; one scoring thread owns the scorer
+(`ScoringQueue`: a function pool and a model are not thread-safe). Every read of a request is
+bounded by one deadline and its body by a size cap, so a client cannot stall a thread or exhaust
+memory. A row that fails is answered as failed (`errors`), never the whole request; no answer
+quotes the request's data or an exception's text (which may quote it)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
+import io
+import ipaddress
 import json
 import logging
-import os
+import math
+import queue
+import re
+import signal
+import socket
 import sys
 import threading
+import time
+from collections import Counter
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from omegaconf import OmegaConf
 
+from ppo_trainer.config.schema import ConfigError, RewardConfig
+from ppo_trainer.rewards.calling import Failure, RewardError, RewardInput, finite_score
+from ppo_trainer.rewards.remote import bearer_token
+from ppo_trainer.rewards.scoring import FunctionScorer, build_scorer
+
 log = logging.getLogger("ppo_trainer")
 
-Score = Callable[[dict[str, list]], dict[str, Any]]  # a request's JSON -> the answer's JSON
+MAX_BODY_MB = 64.0
+SOCKET_TIMEOUT_S = 60.0
+LINGER_S = 2.0  # how long a refused request's unread body is drained before the connection closes
+ROW_KEYS = ("labels", "data_sources", "extra_infos", "messages")  # optional, one value per query
+INVALID_RESULT = "the reward function returned no valid score (a finite number, or a dict with one under 'score')"
+MODEL_NON_FINITE = "the reward model gave no finite score"
 
 
-def function_scorer(fn: str, num_workers: int = 0, timeout_s: Optional[float] = None, batched: bool = False) -> Score:
-    """Scores rows with the reward function `fn` (any signature `reward.fn` takes): each response is
-    its query less its prompt; labels are the ground truths."""
-    from ppo_trainer.config import RewardConfig
-    from ppo_trainer.rewards.calling import RewardInput
-    from ppo_trainer.rewards.scoring import build_scorer
+@dataclass
+class Answer:
+    """A request's answer, B rows: each row's reward (None: failed under --on-error fail), the reason
+    it failed (general terms, never the row's data), numeric extras (None where a row has none), and
+    the rows that failed by reason (those --on-error zero scored 0 included), for the log line."""
 
+    rewards: list[Optional[float]]
+    errors: list[Optional[str]]
+    extras: dict[str, list[Optional[float]]] = field(default_factory=dict)
+    failures: Counter = field(default_factory=Counter)
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON answer; "scores" repeats the rewards, as OpenRLHF's servers answer."""
+        return {"rewards": self.rewards, "scores": self.rewards, "extra_logs": self.extras, "errors": self.errors}
+
+
+RowOutcome = Union[tuple[float, dict[str, Any]], str]  # (score, extras), or why the row failed
+Score = Callable[[dict[str, list]], Answer]  # a checked request (`read_request`) -> its answer; close() if it has one
+
+
+def answer_rows(outcomes: Sequence[RowOutcome], on_error: str) -> Answer:
+    """The Answer of per-row outcomes. A failed row: reward None and its reason under on_error "fail";
+    reward 0.0 and no error under "zero" (the client then counts it as scored). Extras: each name a
+    row gave a number for, per row that finite number or None (strict JSON holds no NaN; text is
+    left out)."""
+    failed = [o if isinstance(o, str) else None for o in outcomes]
+    zero = on_error == "zero"
+    rewards = [(0.0 if zero else None) if reason else o[0] for o, reason in zip(outcomes, failed)]
+    extras = [{} if reason else o[1] for o, reason in zip(outcomes, failed)]
+    names = sorted({name for row in extras for name, value in row.items() if isinstance(value, float)})
+    columns = {name: [_finite(row.get(name)) for row in extras] for name in names}
+    errors = [None] * len(failed) if zero else failed
+    return Answer(rewards, errors, columns, Counter(reason for reason in failed if reason))
+
+
+def _finite(value: Any) -> Optional[float]:
+    return value if isinstance(value, float) and math.isfinite(value) else None
+
+
+def function_failure(failure: Failure, timeout_s: Optional[float]) -> str:
+    """A failed call in general terms: the exception's type, never its message (which may quote the
+    row). Reads `calling`'s reasons: "Type: message" (`one_line`), "ValueError: returned ..." for a
+    result that is no score (`read_score`), the pool's worker death and timeout."""
+    if failure.timeout:
+        return f"the reward function did not return within --timeout-s={timeout_s:g} s"
+    if failure.reason.startswith("the reward worker died"):
+        return "the reward worker process died during the call"
+    if failure.reason.startswith("ValueError: returned "):
+        return INVALID_RESULT
+    kind = failure.reason.partition(":")[0]
+    return f"the reward function raised {kind}" if kind.isidentifier() else "the reward function failed"
+
+
+class FunctionService:
+    """`--fn`: each response is its query less its prompt; labels are the ground truths."""
+
+    def __init__(self, scorer: FunctionScorer, on_error: str, timeout_s: Optional[float]):
+        self.scorer, self.on_error, self.timeout_s = scorer, on_error, timeout_s
+
+    def __call__(self, request: dict[str, list]) -> Answer:
+        rows = [RewardInput(q[len(p):] if q.startswith(p) else q, label, source or "remote", extra, p, messages or ())
+                for q, p, label, source, extra, messages in zip(request["query"], request["prompts"],
+                                                                *(request[key] for key in ROW_KEYS))]
+        outcomes = [function_failure(o, self.timeout_s) if isinstance(o, Failure) else o
+                    for o in self.scorer.outcomes(rows)]
+        return answer_rows(outcomes, self.on_error)
+
+    def close(self) -> None:
+        """Ends the worker pool, if any."""
+        self.scorer.close()
+
+
+def function_scorer(fn: str, num_workers: int = 0, timeout_s: Optional[float] = None, batched: bool = False,
+                    on_error: str = "fail") -> FunctionService:
+    """Scores rows with the reward function `fn` (any signature `reward.fn` takes). A timeout needs a
+    worker process to kill, so `timeout_s` without workers starts one (and says so)."""
+    if timeout_s is not None and num_workers == 0:
+        log.info("ppo-serve-reward: --timeout-s needs a worker process: starting one (--num-workers 1)")
+        num_workers = 1
     cfg = OmegaConf.structured(RewardConfig(fn=fn, num_workers=num_workers, timeout_s=timeout_s, batched=batched))
-    scorer = build_scorer(cfg)
-
-    def score(request: dict[str, list]) -> dict[str, Any]:
-        queries, n = request["query"], len(request["query"])
-        prompts = request.get("prompts") or [""] * n
-        column = {key: request.get(key) or [None] * n for key in ("labels", "data_sources", "extra_infos", "messages")}
-        rows = [RewardInput(q[len(p):] if q.startswith(p) else q, column["labels"][i], column["data_sources"][i] or "remote",
-                            column["extra_infos"][i], p, column["messages"][i] or ())
-                for i, (q, p) in enumerate(zip(queries, prompts))]
-        scores = scorer.score(rows)
-        names = sorted({k for extras in scores.extras for k, v in extras.items() if isinstance(v, float)})
-        extra_logs = {k: [extras.get(k) if isinstance(extras.get(k), float) else None for extras in scores.extras]
-                      for k in names}
-        return {"rewards": scores.values, "scores": scores.values, "extra_logs": extra_logs}
-
-    return score
+    return FunctionService(build_scorer(cfg, key="--fn"), on_error, timeout_s)
 
 
-def model_scorer(path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False) -> Score:
-    """Scores rows with a reward model: the prompt's chat turns and the response in the model's own
-    template when the request carries `messages` (a ppo-train client does), else each query's text as
-    it comes (OpenRLHF's clients send the conversation rendered)."""
-    from ppo_trainer.engine.reward_model import RewardModelEngine
-    from ppo_trainer.models.loading import resolve_model_path
+class ModelService:
+    """`--model`: the prompt's chat turns and the response in the model's own template when the
+    request carries `messages` (a ppo-train client does), else each query's text as it comes
+    (OpenRLHF's clients send the conversation rendered). A non-finite score fails its row."""
 
-    engine = RewardModelEngine(resolve_model_path(path), dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    def __init__(self, engine: Any, on_error: str):
+        self.engine, self.on_error = engine, on_error
 
-    def score(request: dict[str, list]) -> dict[str, Any]:
-        queries = request["query"]
-        prompts = request.get("prompts") or [""] * len(queries)
-        messages = request.get("messages")
-        if messages and all(messages):
+    def __call__(self, request: dict[str, list]) -> Answer:
+        queries, prompts, messages = request["query"], request["prompts"], request["messages"]
+        if not queries:
+            return answer_rows([], self.on_error)
+        if all(messages):
             responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts)]
-            values = engine.score_texts(messages, responses).tolist()
+            values = self.engine.score_texts(messages, responses).tolist()
         else:
-            values = engine.score_plain(queries).tolist()
-        return {"rewards": values, "scores": values}
-
-    return score
+            values = self.engine.score_plain(queries).tolist()
+        return answer_rows([_model_outcome(v) for v in values], self.on_error)
 
 
-def make_server(score: Score, host: str = "127.0.0.1", port: int = 5000,
-                token: Optional[str] = None) -> ThreadingHTTPServer:
-    """The HTTP server around `score` (one request scored at a time: a function pool and a model are
-    not shared between threads); `serve_forever()` runs it."""
-    lock = threading.Lock()
+def _model_outcome(value: Any) -> RowOutcome:
+    try:
+        return finite_score(value), {}
+    except ValueError:
+        return MODEL_NON_FINITE
 
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, payload: Any) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def _authorised(self) -> bool:
-            if not token:
-                return True
-            given = self.headers.get("Authorization", "")
-            if hmac.compare_digest(given, f"Bearer {token}"):
-                return True
-            self._answer(401, {"error": "missing or wrong bearer token (Authorization: Bearer ...)"})
-            return False
+def model_scorer(path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
+                 on_error: str = "fail") -> ModelService:
+    """Scores rows with the reward model at `path` (a sequence classifier with one label); ValueError
+    naming --model for a path that cannot be found, before torch loads."""
+    from ppo_trainer.models.loading import model_path_problem, resolve_model_path
 
-        def do_GET(self) -> None:  # noqa: N802
-            if self._authorised():
-                self._answer(200, {"ok": True})
+    problem = model_path_problem(path, key="--model")
+    if problem:
+        raise ValueError(problem)
+    from ppo_trainer.engine.reward_model import RewardModelEngine
 
-        def do_POST(self) -> None:  # noqa: N802
-            if not self._authorised():
+    engine = RewardModelEngine(resolve_model_path(path), dtype=dtype, device=device,
+                               trust_remote_code=trust_remote_code)
+    return ModelService(engine, on_error)
+
+
+class RequestError(ValueError):
+    """A request the server cannot read; the message (general: it quotes no data) is the 400's."""
+
+
+def read_request(body: bytes) -> dict[str, list]:
+    """The request in `body`: "query" (texts), "prompts" (texts; "" when absent) and `ROW_KEYS` (None
+    when absent), one value per query. RequestError naming the key that is wrong."""
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        raise RequestError("the body is not JSON (UTF-8)") from None
+    if not isinstance(request, dict) or not _texts(request.get("query")):
+        raise RequestError('expected a JSON object with "query": a list of texts (OpenRLHF\'s remote reward protocol)')
+    n = len(request["query"])
+    checked = {"query": request["query"]}
+    for key in ("prompts", *ROW_KEYS):
+        column = request.get(key)
+        if column is None:
+            column = [""] * n if key == "prompts" else [None] * n
+        if not isinstance(column, list) or len(column) != n:
+            given = f"{len(column)} values" if isinstance(column, list) else "no list"
+            raise RequestError(f'"{key}" has {given} for {n} queries; send one per query, or leave it out')
+        checked[key] = column
+    if not _texts(checked["prompts"]):
+        raise RequestError('"prompts" must be a list of texts')
+    return checked
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+class ScoringQueue:
+    """One thread that owns the scorer and scores requests in arrival order: a function pool and a
+    model are not thread-safe, and a pool's replacement workers die with the thread that started
+    them (rewards/pool.py), so a handler thread must never score. `close` cancels the requests still
+    waiting, lets the one being scored finish, then closes the scorer in its own thread."""
+
+    def __init__(self, score: Score):
+        self.score = score
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="ppo-serve-reward scoring", daemon=True)
+        self.thread.start()
+
+    def submit(self, request: dict[str, list]) -> Future:
+        """The future answer of `request` (cancelled when the queue is closed)."""
+        future: Future = Future()
+        with self.lock:
+            if self.closed:
+                future.cancel()
+            else:
+                self.jobs.put((request, future))
+        return future
+
+    def _run(self) -> None:
+        try:
+            while (job := self.jobs.get()) is not None:
+                request, future = job
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(self.score(request))
+                    except BaseException as e:  # noqa: BLE001  (a SystemExit from a function must not end this thread)
+                        future.set_exception(e)
+        finally:
+            close = getattr(self.score, "close", None)
+            if close is not None:
+                close()
+
+    def close(self) -> None:
+        """Idempotent; waits for the request being scored (a second Ctrl-C stops the wait)."""
+        with self.lock:
+            if self.closed:
                 return
-            try:
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                if not isinstance(request, dict) or not isinstance(request.get("query"), list):
-                    raise ValueError('expected a JSON object with "query": [texts]')
-            except (ValueError, json.JSONDecodeError) as e:
-                self._answer(400, {"error": str(e)})
-                return
-            try:
-                with lock:
-                    answer = score(request)
-            except Exception as e:  # noqa: BLE001  (the client reports it, the server serves on)
-                log.error("ppo-serve-reward: %s: %s", type(e).__name__, e)
-                self._answer(500, {"error": f"{type(e).__name__}: {e}"})
-                return
-            self._answer(200, answer)
+            self.closed = True
+            waiting = []
+            while True:
+                try:
+                    waiting.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            self.jobs.put(None)
+        for _, future in waiting:
+            future.cancel()
+        self.thread.join()
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            log.debug("ppo-serve-reward: " + format, *args)
 
-    return ThreadingHTTPServer((host, port), Handler)
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes, every read bounded by what is left of one deadline (--socket-timeout-s
+    from the connection's start): a per-read timeout alone lets a client that sends a byte now and
+    then hold the thread forever. TimeoutError when it passes."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float):
+        self.sock, self.deadline = sock, time.monotonic() + timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive within --socket-timeout-s")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class RewardHandler(BaseHTTPRequestHandler):
+    """One connection (HTTP/1.0: one request): POST any path scores, GET answers {"ok": true}."""
+
+    server: "RewardServer"
+    server_version, sys_version = "ppo-serve-reward", ""  # the Server header names no Python version
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.socket_timeout_s)  # for writing the answer
+        self.rfile.close()  # the plain reader: replaced by one bound by the deadline
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.server.socket_timeout_s))
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self._authorised():
+            self._answer(200, {"ok": True})
+
+    def do_POST(self) -> None:  # noqa: N802
+        started = time.monotonic()
+        if not self._authorised():
+            return
+        size = self._body_size()
+        if size is None:
+            return
+        try:
+            body = self.rfile.read(size)
+        except TimeoutError:
+            self._refuse(408, f"the body did not arrive within --socket-timeout-s={self.server.socket_timeout_s:g} s")
+            return
+        try:
+            if len(body) < size:
+                raise RequestError(f"the body ended after {len(body)} of its {size} bytes")
+            request = read_request(body)
+        except RequestError as e:
+            self._refuse(400, str(e))
+            return
+        with self.server.answering():
+            self._score(request, started)
+
+    def _score(self, request: dict[str, list], started: float) -> None:
+        """Waits for the scoring thread's answer and sends it: 500 naming the exception's type (only) if
+        scoring failed, 503 if the server closed before the request's turn."""
+        try:
+            answer = self.server.scoring.submit(request).result()
+        except CancelledError:
+            self._refuse(503, "the server is shutting down")
+            return
+        except BaseException as e:  # noqa: BLE001  (the client is told, the server serves on)
+            log.error("ppo-serve-reward: %s: scoring %d rows failed: %s", self.client_address[0], len(request["query"]),
+                      type(e).__name__)
+            self._answer(500, {"error": f"scoring failed ({type(e).__name__}); see the server's log"})
+            return
+        self._answer(200, answer.payload())
+        self.server.record(self.client_address[0], len(request["query"]), time.monotonic() - started, answer)
+
+    def _authorised(self) -> bool:
+        """Whether the request carries the token (compared as bytes: the client sends the UTF-8 of
+        "Bearer <token>", and http.server hands header bytes over decoded as latin-1); 401 if not."""
+        expected = self.server.authorization
+        given = self.headers.get("Authorization", "").encode("latin-1", "replace")
+        if expected is None or hmac.compare_digest(given, expected):
+            return True
+        self._refuse(401, "missing or wrong bearer token (Authorization: Bearer <token>, in UTF-8)", unread=True)
+        return False
+
+    def _body_size(self) -> Optional[int]:
+        """The body's length, or None once a refusal is answered, before reading a byte of it: 411
+        without a Content-Length (or chunked), 400 for one that is no byte count, 413 over the cap."""
+        values = self.headers.get_all("Content-Length") or []
+        if not values or "Transfer-Encoding" in self.headers:
+            self._refuse(411, "send the body with a Content-Length (chunked bodies are not accepted)", unread=True)
+            return None
+        value = values[0].strip()
+        if len(set(values)) > 1 or not (value.isascii() and value.isdigit()):
+            self._refuse(400, "the Content-Length header must be one byte count", unread=True)
+            return None
+        if int(value) > self.server.max_body_bytes:
+            self._refuse(413, f"a body of {int(value)} bytes is over --max-body-mb={self.server.max_body_mb:g} "
+                              f"({self.server.max_body_bytes} bytes); send fewer rows per request", unread=True)
+            return None
+        return int(value)
+
+    def _answer(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload, allow_nan=False).encode()
+        self.connection.settimeout(self.server.socket_timeout_s)  # the deadline's last moments were for reading
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _refuse(self, status: int, reason: str, unread: bool = False) -> None:
+        """Answers `status` with `reason` and logs it. `unread`: the body was left unread, so it is
+        drained for up to LINGER_S (closing a socket with unread bytes resets it, and the client
+        could lose the answer: nginx's lingering close)."""
+        self._answer(status, {"error": reason})
+        log.info("ppo-serve-reward: %s: refused %d: %s", self.client_address[0], status, reason)
+        if not unread:
+            return
+        self.close_connection = True
+        deadline = time.monotonic() + LINGER_S
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            while (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                if not self.connection.recv(1 << 16):
+                    break
+        except OSError:  # the client closed or reset first; a timeout ends the drain
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("ppo-serve-reward: " + format, *args)
+
+
+class RewardServer(ThreadingHTTPServer):
+    """The HTTP server around a `Score`: handler threads (`RewardHandler`) feed one `ScoringQueue`.
+    `server_close()` also closes the queue and the scorer."""
+
+    request_queue_size = 64  # connections waiting to be accepted: a burst of clients is not turned away
+
+    def __init__(self, score: Score, host: str, port: int, token: Optional[str], max_body_mb: float,
+                 socket_timeout_s: float):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.authorization = f"Bearer {token}".encode("utf-8", "surrogateescape") if token else None
+        self.max_body_mb, self.max_body_bytes = max_body_mb, int(max_body_mb * 2**20)
+        self.socket_timeout_s = socket_timeout_s
+        self.totals: Counter = Counter()
+        self.totals_lock = threading.Lock()
+        self.in_flight = 0  # requests handed to scoring and not yet answered
+        self.settled = threading.Condition()
+        try:
+            super().__init__((host, port), RewardHandler)
+        except BaseException:
+            getattr(score, "close", lambda: None)()
+            raise
+        self.scoring = ScoringQueue(score)
+        warning = exposure_warning(self.server_address[0], token)
+        if warning:
+            log.warning(warning)
+
+    def record(self, client: str, rows: int, seconds: float, answer: Answer) -> None:
+        """Counts a served request and logs its line: rows, seconds, failed rows by reason; never data."""
+        failed = sum(answer.failures.values())
+        with self.totals_lock:
+            self.totals.update(requests=1, rows=rows, failed=failed)
+        line = f"ppo-serve-reward: {client}: {rows} rows in {seconds:.2f} s"
+        if failed:
+            reasons = "; ".join(f"{count} {reason}" for reason, count in answer.failures.items())
+            scored_zero = ", scored 0 (--on-error zero)" if all(e is None for e in answer.errors) else ""
+            line += f", {failed} failed ({reasons}){scored_zero}"
+        log.info(line)
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Counts a request as in flight from its submission until its answer is sent."""
+        with self.settled:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self.settled:
+                self.in_flight -= 1
+                self.settled.notify_all()
+
+    def summary(self) -> str:
+        requests = self.totals["requests"]
+        return (f"ppo-serve-reward: stopped after {requests} request{'' if requests == 1 else 's'}, "
+                f"{self.totals['rows']} rows ({self.totals['failed']} failed)")
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that broke (reset, timed out while answering): one line, not a traceback."""
+        log.warning("ppo-serve-reward: %s: the connection failed (%s)", client_address[0], sys.exc_info()[0].__name__)
+
+    def server_close(self) -> None:
+        """Stops listening, closes the scoring queue (the request being scored finishes), then waits
+        until its answer is sent (a send is bounded by --socket-timeout-s), so the totals hold it."""
+        super().server_close()
+        self.scoring.close()
+        with self.settled:
+            self.settled.wait_for(lambda: self.in_flight == 0, timeout=self.socket_timeout_s)
+
+
+def make_server(score: Score, host: str = "127.0.0.1", port: int = 5000, token: Optional[str] = None, *,
+                max_body_mb: float = MAX_BODY_MB, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> RewardServer:
+    """The server around `score`, bound (`serve_forever()` runs it); it owns `score` from here on:
+    it closes it when closed, or when binding fails."""
+    return RewardServer(score, host, port, token, max_body_mb, socket_timeout_s)
+
+
+def exposure_warning(host: str, token: Optional[str]) -> Optional[str]:
+    """The warning for a server bound to the address `host` without a token where others can reach
+    it: any address but loopback (0.0.0.0 and :: are every interface); None otherwise."""
+    try:
+        loopback = ipaddress.ip_address(host.partition("%")[0]).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if token or loopback:
+        return None
+    return (f"ppo-serve-reward: WARNING: listening on {host} without a token: anyone who can reach this port can make "
+            "it run the function (or model) on what they send; use --token (or $PPO_REWARD_TOKEN), or --host 127.0.0.1")
+
+
+DESCRIPTION = """\
+Serves a reward function (--fn) or a reward model (--model) over HTTP in OpenRLHF's remote reward
+protocol, for ppo-train's reward.remote.url (or OpenRLHF) on this or another machine.
+
+Request: POST (any path; OpenRLHF posts to /get_reward) a JSON object, one value per query:
+  {"query": [prompt + response, ...], "prompts": [prompt, ...], "labels": [ground truth, ...],
+   "data_sources": [...], "extra_infos": [...], "messages": [the prompt's chat turns, ...]}
+"query" is required, the rest optional (a function's response is the query less its prompt).
+Answer (200):
+  {"rewards": [r, ...], "scores": [the same], "extra_logs": {name: [number or null, ...]},
+   "errors": [null, or why the row failed, ...]}
+A row fails alone (the function raises, times out or returns no finite number; the model gives a
+non-finite score): --on-error fail answers its reward null and the reason in "errors"; --on-error
+zero answers 0.0 (for clients that know no "errors", e.g. OpenRLHF's). Refused: 401 (token), 411
+or 400 (Content-Length), 413 (over --max-body-mb), 408 (slower than --socket-timeout-s), 400 (not
+such an object), 500 (scoring itself failed). No error quotes the request or an exception's text.
+GET answers {"ok": true}."""
+
+EPILOG = """\
+Security: the server runs the function on whatever is sent to it. It listens on 127.0.0.1 (this
+machine only) unless --host says otherwise; anyone who can reach the port can make it run the
+function, so on any other address give a token ($PPO_REWARD_TOKEN keeps it out of `ps`; clients
+send reward.remote.token or $PPO_REWARD_TOKEN) and a firewall. It warns when it listens elsewhere
+without one.
+
+Example:
+  export PPO_REWARD_TOKEN=s3cret
+  ppo-serve-reward --fn my_rewards.py:compute_score --num-workers 4 --timeout-s 10 --port 5000
+  ppo-train +experiment=gsm8k_cpu reward.fn=null reward.remote.url=http://127.0.0.1:5000/get_reward"""
+
+
+def _above_zero(value: str) -> float:
+    if not re.fullmatch(r"\d*\.?\d+|\d+\.", value) or float(value) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {value!r}")
+    return float(value)
+
+
+def _count(value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+def _port(value: str) -> int:
+    if _count(value) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number, 0 to 65535, got {value!r}")
+    return int(value)
+
+
+def parser() -> argparse.ArgumentParser:
+    """ppo-serve-reward's options; its --help is the server's manual (protocol, defaults, security)."""
+    p = argparse.ArgumentParser(prog="ppo-serve-reward", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--fn", help="module:function or path/to/file.py:function (any reward.fn signature)")
+    what.add_argument("--model", help="a reward model: a sequence classifier with one label (a folder or hub name)")
+    p.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                   help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: every "
+                        "interface)")
+    p.add_argument("--port", type=_port, default=5000, metavar="N",
+                   help="the port (default 5000; 0: a free one, logged)")
+    p.add_argument("--token", help="a bearer token every request must carry (default $PPO_REWARD_TOKEN; neither: "
+                                   "no token)")
+    p.add_argument("--on-error", choices=("fail", "zero"), default="fail",
+                   help="a failed row: fail answers null and its reason in errors; zero answers 0.0 (default fail)")
+    p.add_argument("--max-body-mb", type=_above_zero, default=MAX_BODY_MB, metavar="MIB",
+                   help=f"the largest request body, in MiB (default {MAX_BODY_MB:g}); larger ones get 413")
+    p.add_argument("--socket-timeout-s", type=_above_zero, default=SOCKET_TIMEOUT_S, metavar="SECONDS",
+                   help=f"a connection must deliver its whole request within this (default {SOCKET_TIMEOUT_S:g}); "
+                        "an idle or trickling one is closed")
+    p.add_argument("--batched", action="store_true",
+                   help="--fn is called once per request (reward.batched; default: once per row)")
+    p.add_argument("--num-workers", type=_count, default=0, metavar="N",
+                   help="--fn: processes calling it concurrently (default 0: in the server's scoring thread)")
+    p.add_argument("--timeout-s", type=_above_zero, default=None, metavar="SECONDS",
+                   help="--fn: a bound on each call (default none: unbounded); it needs a worker process, so one "
+                        "starts when --num-workers is 0")
+    p.add_argument("--dtype", default="auto", help="--model: auto, bfloat16, float32 or float16 (default auto)")
+    p.add_argument("--device", default="cpu", help="--model: cpu or cuda (default cpu)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="--model: run the model folder's code (default off)")
+    return p
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the server as Ctrl-C does
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="ppo-serve-reward", description=__doc__.splitlines()[0])
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--fn", help="module:function or path/to/file.py:function (any reward.fn signature)")
-    what.add_argument("--model", help="a reward model: a sequence classifier with one label")
-    parser.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=5000)
-    parser.add_argument("--token", default=os.environ.get("PPO_REWARD_TOKEN"),
-                        help="a bearer token every request must carry (default $PPO_REWARD_TOKEN)")
-    parser.add_argument("--batched", action="store_true", help="--fn is called once per request (reward.batched)")
-    parser.add_argument("--num-workers", type=int, default=0, help="--fn: processes scoring rows concurrently")
-    parser.add_argument("--timeout-s", type=float, default=None, help="--fn: a bound on each call (needs workers)")
-    parser.add_argument("--dtype", default="auto", help="--model: auto, bfloat16, float32 or float16")
-    parser.add_argument("--device", default="cpu", help="--model: cpu or cuda")
-    parser.add_argument("--trust-remote-code", action="store_true", help="--model: run the model folder's code")
-    args = parser.parse_args(argv)
+    """ppo-serve-reward: builds the scorer, serves until Ctrl-C or SIGTERM, then closes it and logs the
+    totals. A bad --fn or --model, or an address it cannot listen on, exits 2 with one line."""
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from ppo_trainer.config import ConfigError
-
+    token = bearer_token(args.token)
     try:
-        score = (function_scorer(args.fn, args.num_workers, args.timeout_s, args.batched) if args.fn
-                 else model_scorer(args.model, args.dtype, args.device, args.trust_remote_code))
-        server = make_server(score, args.host, args.port, args.token)
-    except (ConfigError, OSError, ValueError) as e:
+        score = (function_scorer(args.fn, args.num_workers, args.timeout_s, args.batched, args.on_error) if args.fn
+                 else model_scorer(args.model, args.dtype, args.device, args.trust_remote_code, args.on_error))
+    except (ConfigError, RewardError, ValueError, OSError) as e:
         print(f"ppo-serve-reward: {e}", file=sys.stderr)
         sys.exit(2)
-    what = args.fn or args.model
-    log.info("ppo-serve-reward: serving %s on http://%s:%d/get_reward%s", what, args.host, server.server_address[1],
-             " (bearer token required)" if args.token else "")
+    try:
+        server = make_server(score, args.host, args.port, token, max_body_mb=args.max_body_mb,
+                             socket_timeout_s=args.socket_timeout_s)
+    except OSError as e:
+        print(f"ppo-serve-reward: cannot listen on {args.host}:{args.port} ({e.strerror or e}); choose another --port "
+              "or --host", file=sys.stderr)
+        sys.exit(2)
+    signal.signal(signal.SIGTERM, _interrupt)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    log.info("ppo-serve-reward: serving %s on http://%s:%d/get_reward%s", args.fn or args.model, host,
+             server.server_address[1], " (bearer token required)" if token else "")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        pass
-    finally:
+        log.info("ppo-serve-reward: stopping: the request being scored finishes (Ctrl-C again: at once)")
+    try:
         server.server_close()
+    except KeyboardInterrupt:
+        log.info("ppo-serve-reward: stopped without waiting for the request being scored")
+    log.info(server.summary())
 
 
 if __name__ == "__main__":

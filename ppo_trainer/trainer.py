@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer import checkpoint, resume, run_folder, watchdog
+from ppo_trainer.run import checkpoint, folder as run_folder, resume
 from ppo_trainer.batch import Batch
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
@@ -23,20 +23,22 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
-from ppo_trainer.derived_settings import kl_in_reward, uses_ground_truth, uses_reference
+from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
 from ppo_trainer.dtypes import resolve_dtype
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
                                   validation_seed)
 from ppo_trainer.rewards import shaping
+from ppo_trainer.rewards.loader import answer_check
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import (CombinedScorer, Scorer, build_scorer, build_training_scorer,
                                          require_finite_scores, reward_fingerprint, reward_metrics)
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
+from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.cluster import remove_marker, write_marker
+from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import Worker, WorkerError
 
@@ -89,7 +91,7 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Trainer":
-        """The resume is checked (`ppo_trainer.resume`), data and reward loaded and config.yaml
+        """The resume is checked (`ppo_trainer.run.resume`), data and reward loaded and config.yaml
         written before any model loads; then the groups. The caller holds the output folder."""
         from ppo_trainer.models.loading import check_critic_vocabulary, load_tokenizer
         from ppo_trainer.workers.group import build_groups
@@ -111,8 +113,8 @@ class Trainer:
         if cfg.critic.path:
             check_critic_vocabulary(cfg.critic.path, tokenizer)
         answers = uses_ground_truth(cfg)  # an RLHF dataset without answers trains on a reward model or server
-        train_records = load_prompts(cfg.data, tokenizer, "train", answers)
-        val_records = load_prompts(cfg.data, tokenizer, "val", answers)
+        train_records = load_prompts(cfg.data, tokenizer, "train", answers, answer_check(cfg, "train"))
+        val_records = load_prompts(cfg.data, tokenizer, "val", answers, answer_check(cfg, "val"))
         if resume_from is not None:
             resume.check_train_data(state, resume.data_fingerprint(train_records), changes, cfg)
             try:  # the saved position must fit the prompts (trainer.resume_allow may have let them change)
@@ -433,7 +435,7 @@ class Trainer:
         for scorer in {id(s): s for s in (self.scorer, self.val_scorer)}.values():
             scorer.close()
         if self._stop_requested is not None and self.cfg.devices.backend == "ray":
-            from ppo_trainer.workers.ray_backend import disconnect
+            from ppo_trainer.workers.cluster.backend import disconnect
 
             disconnect()
             return

@@ -87,7 +87,7 @@ def main() -> None:
     logging.set_verbosity_error()  # the critic loads a causal-LM folder: its lm_head is expected unused
     logging.disable_progress_bar()
 
-    from ppo_trainer.config import AlgorithmConfig, CriticConfig, LoraConfig, ModelConfig, OptimConfig
+    from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig, LoraConfig, ModelConfig, OptimConfig
     from ppo_trainer.engine.actor import ActorEngine
     from ppo_trainer.engine.critic import CriticEngine
 

@@ -11,7 +11,7 @@ import argparse
 import statistics
 import time
 
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import RewardConfig
 from ppo_trainer.rewards.calling import RewardInput
 from ppo_trainer.rewards.scoring import build_scorer
 

@@ -28,7 +28,7 @@ def run_one(model: str, engine: str, args: argparse.Namespace) -> dict:
     """Build one sampler, warm it up, time one generate call."""
     import torch
 
-    from ppo_trainer.config import DataConfig, SamplerConfig, VllmConfig
+    from ppo_trainer.config.schema import DataConfig, SamplerConfig, VllmConfig
     from ppo_trainer.data import load_prompts
     from ppo_trainer.models.loading import load_tokenizer, resolve_model_path
     from ppo_trainer.rollout import HFSampler, VllmSampler, prompts_to_batch

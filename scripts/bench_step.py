@@ -135,7 +135,7 @@ def addition_prompts(folder: Path, shape: dict, seed: int) -> Path:
 
 def bench_config(model_dir: Optional[Path], prompts: Path, shape: dict, device: str, dtype: str, output_dir: Path):
     """The preset's config; `model_dir` None: the gsm8k_cpu recipe with the embedded model."""
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
 
     if model_dir is None:
         model = ["+experiment=gsm8k_cpu"]
@@ -272,7 +272,7 @@ def main() -> None:
         args.preset, args.device = "tiny", "cpu"
     shape = PRESETS[args.preset]
 
-    from ppo_trainer.derived_settings import uses_reference
+    from ppo_trainer.config.derived import uses_reference
     from ppo_trainer.tracking import console_stream, engine_output_to_file
     from ppo_trainer.dtypes import resolve_dtype
 

@@ -33,7 +33,7 @@ def driver_peak_gb() -> float:
 
 
 def run_case(model: str, lora: bool, replicas: int, repeats: int) -> dict:
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
     from ppo_trainer.engine.actor import ActorEngine
     from ppo_trainer.rollout import Sampler
     from ppo_trainer.workers.group import build_groups

@@ -1,4 +1,4 @@
-"""docs/config.md, generated from the schema (ppo_trainer/config.py): every key with its type, default
+"""docs/config.md, generated from the schema (ppo_trainer/config/schema.py): every key with its type, default
 and meaning, grouped by config group, with the group's options in configs/.
 
     python scripts/gen_config_docs.py           # rewrites docs/config.md
@@ -21,8 +21,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import OmegaConf
 
-from ppo_trainer import config
-from ppo_trainer.config import CONFIG_DIR, CONFIG_NAME, PPOConfig, group_options
+from ppo_trainer.config import schema as config
+from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, PPOConfig, group_options
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 COMMAND = "python scripts/gen_config_docs.py"
@@ -93,7 +93,7 @@ def section(schema: type, key: str, classes: dict[str, str], keys: dict[tuple[st
             continue
         meaning = keys[(schema.__name__, f.name)]
         if not meaning:
-            raise SystemExit(f"ppo_trainer/config.py: {schema.__name__}.{f.name} has no comment saying what it means; "
+            raise SystemExit(f"ppo_trainer/config/schema.py: {schema.__name__}.{f.name} has no comment saying what it means; "
                              "add one after the field (or on the lines just above it)")
         default = f.default if f.default_factory is MISSING else f.default_factory()
         out.append(f"| `{key}.{f.name}` | {type_name(hints[f.name])} | `{cell(default_text(default))}` | {cell(meaning)} |")
@@ -110,10 +110,10 @@ def render() -> str:
     defaults = {k: v for entry in picked if isinstance(entry, dict) for k, v in entry.items()}
     hints = get_type_hints(PPOConfig)
     out = [
-        f"<!-- Generated from ppo_trainer/config.py by scripts/gen_config_docs.py; do not edit: run `{COMMAND}`. -->",
+        f"<!-- Generated from ppo_trainer/config/schema.py by scripts/gen_config_docs.py; do not edit: run `{COMMAND}`. -->",
         "# Config reference",
         "",
-        "Every key of `ppo-train`, with its default in the schema (`ppo_trainer/config.py`). A group option "
+        "Every key of `ppo-train`, with its default in the schema (`ppo_trainer/config/schema.py`). A group option "
         "(`group=option`, a file `configs/<group>/<option>.yaml`) sets only what differs from these defaults; "
         "`configs/ppo.yaml` picks the option of each group used when none is given. Any key can be set on the "
         "command line (`ppo-train gae.lam=0.95`). Batch sizes count prompts (x `sampler.n` sequences), lengths "

@@ -112,7 +112,7 @@ def overrides(model: Path, out: Path, rehearse: bool) -> list[str]:
 
 def one_step(cfg: Any, plan_total: float) -> dict[str, Any]:
     """A PPO step of the recipe; its phases, each role's peak memory, the plan's total."""
-    from ppo_trainer.run_folder import absolute_output_dir, exclusive
+    from ppo_trainer.run.folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
     with exclusive(absolute_output_dir(cfg)):
@@ -142,7 +142,7 @@ def resume_round_trip(cfg: Any) -> dict[str, Any]:
 
     from ppo_trainer.engine.actor import ActorEngine
     from ppo_trainer.engine.critic import CriticEngine
-    from ppo_trainer.run_folder import absolute_output_dir, exclusive
+    from ppo_trainer.run.folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
     folder = absolute_output_dir(cfg) / "checkpoints" / "global_step_1"
@@ -222,9 +222,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from ppo_trainer.composition import compose
-    from ppo_trainer.derived_settings import uses_reference
-    from ppo_trainer.memory_plan import memory_plan
+    from ppo_trainer.config.composition import compose
+    from ppo_trainer.config.derived import uses_reference
+    from ppo_trainer.plan.memory import memory_plan
 
     device = "cpu" if args.rehearse else "cuda"
     if device == "cuda" and not torch.cuda.is_available():

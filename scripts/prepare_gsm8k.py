@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
     from ppo_trainer.data.datasets import DataError
 
     data = compose([f"+experiment={args.experiment}"]).data

@@ -12,13 +12,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ppo_trainer"
 # Top to bottom. An entry is a module or a package (with everything in it), relative to ppo_trainer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("cli", "serve_reward", "sweep_report")),
-    ("driver", ("trainer", "evaluate", "plan", "memory_plan")),
+    ("driver", ("trainer", "evaluate", "plan")),
     ("workers", ("workers",)),
     ("engines, samplers, rewards, data", ("engine", "rollout", "rewards", "data")),
     ("models", ("models",)),
-    ("shared", ("config", "overrides", "config_validation", "composition", "batch_sizes", "derived_settings",
-                "batch", "dtypes", "checkpoint", "run_folder", "resume", "tracking", "watchdog",
-                "metric_names")),
+    ("shared", ("config", "run", "batch", "dtypes", "tracking")),
     ("core", ("core",)),
 )
 
@@ -75,20 +73,21 @@ def test_no_module_imports_from_a_layer_above_its_own():
 
 
 def test_an_import_from_a_layer_above_is_reported_with_both_layers():
-    graph = {"ppo_trainer.engine.fsdp": {"ppo_trainer.workers.placement", "ppo_trainer.models.actor"},
-             "ppo_trainer.core.gae": {"ppo_trainer.config"}}
+    graph = {"ppo_trainer.engine.fsdp": {"ppo_trainer.workers.cluster.placement", "ppo_trainer.models.actor"},
+             "ppo_trainer.core.gae": {"ppo_trainer.config.schema"}}
     assert upward_imports(graph) == [
-        "ppo_trainer.core.gae (core) -> ppo_trainer.config (shared)",
-        "ppo_trainer.engine.fsdp (engines, samplers, rewards, data) -> ppo_trainer.workers.placement (workers)",
+        "ppo_trainer.core.gae (core) -> ppo_trainer.config.schema (shared)",
+        "ppo_trainer.engine.fsdp (engines, samplers, rewards, data) -> ppo_trainer.workers.cluster.placement (workers)",
     ]
 
 
 def test_a_package_import_names_the_submodule_where_there_is_one():
-    known = {"ppo_trainer.rollout", "ppo_trainer.rollout.vllm", "ppo_trainer.data", "ppo_trainer.checkpoint"}
-    tree = ast.parse("from ppo_trainer.rollout import build_sampler, vllm\nfrom ppo_trainer import checkpoint\n"
+    known = {"ppo_trainer.rollout", "ppo_trainer.rollout.vllm", "ppo_trainer.data", "ppo_trainer.run",
+             "ppo_trainer.run.checkpoint"}
+    tree = ast.parse("from ppo_trainer.rollout import build_sampler, vllm\nfrom ppo_trainer.run import checkpoint\n"
                      "def f():\n    from ppo_trainer.data import PromptLoader\n")
     assert imported_modules(tree, known) == {"ppo_trainer.rollout", "ppo_trainer.rollout.vllm",
-                                             "ppo_trainer.checkpoint", "ppo_trainer.data"}
+                                             "ppo_trainer.run.checkpoint", "ppo_trainer.data"}
 
 
 def test_no_import_circle_between_files():

@@ -13,7 +13,7 @@ import operator
 import random
 from typing import Callable
 
-from ppo_trainer.config import ArithmeticConfig, DigitsConfig
+from ppo_trainer.config.schema import ArithmeticConfig, DigitsConfig
 
 VAL_SEED = 1_000_003
 VAL_BUCKETS = 10  # one in ten distinct questions belongs to the validation pool

@@ -1,17 +1,22 @@
 """Prompt datasets (a hub dataset, local jsonl/parquet files, or a built-in generator) parsed,
 rendered with the chat template, tokenized and filtered into `PromptRecord`s; malformed rows are
-named by file and line. The layouts and keys are described in docs/data.md."""
+named by file and line, and so are rows whose ground truth the reward cannot use. The layouts and
+keys are described in docs/data.md."""
 
 from __future__ import annotations
 
+import base64
+import datetime
 import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
-from ppo_trainer.config import DataConfig
+import numpy as np
+
+from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import arithmetic, digits
 from ppo_trainer.models.loading import hub_offline
 
@@ -24,6 +29,7 @@ EXTRA_INFO_KEY = "extra_info"  # verl's per-row metadata, carried as it is
 FILES_HINT = "data.train_files=[train.jsonl] data.val_files=[test.jsonl]"
 
 Messages = list[dict[str, str]]  # chat turns [{"role", "content"}]
+Converted = list[tuple[str, str]]  # (where in the row, type name) of each value turned into text (`json_value`)
 
 
 class DataError(ValueError):
@@ -72,26 +78,35 @@ class RowSource:
 @dataclass(frozen=True)
 class ParsedRow:
     prompt: Union[str, Messages]  # a non-empty string, or checked chat turns with a user turn
-    ground_truth: Any
+    ground_truth: Any  # as JSON holds it (`json_value`)
     data_source: str
-    extra_info: Any
+    extra_info: Any  # as JSON holds it
+    converted: Converted = field(default_factory=list)  # the parts of ground_truth and extra_info made text
 
 
-def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True) -> list[PromptRecord]:
+AnswerCheck = Callable[[Any], None]  # raises ValueError for a ground truth the reward cannot read
+
+
+def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True,
+                 check_answer: Optional[AnswerCheck] = None) -> list[PromptRecord]:
     """The prompts of `split` ("train" or "val"), source after source (`read_split`); DataError
-    (one line) when they cannot be loaded. Without `require_answer` (no configured reward reads
-    one: `derived_settings.uses_ground_truth`) a row may lack the answer key: its ground truth is None."""
+    (one line) when they cannot be loaded. With `require_answer` (a configured reward reads the
+    answers: `derived_settings.uses_ground_truth`) a row without an answer, or with a null one, is
+    malformed; without, its ground truth is None. `check_answer` (the reward's own rule,
+    `rewards.loader.answer_check`) refuses a ground truth the reward of `split` cannot read: a
+    malformed row too, found here rather than at the first scoring, after the models loaded."""
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")
     return [record for source in read_split(cfg, split)
-            for record in load_source(source, cfg, tokenizer, split, require_answer)]
+            for record in load_source(source, cfg, tokenizer, split, require_answer, check_answer)]
 
 
-def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str,
-                require_answer: bool = True) -> list[PromptRecord]:
-    """The records of one source: rows parsed and rendered (malformed ones per data.bad_rows),
-    tokenized, prompts over data.max_prompt_length per data.overlong_prompts (counted per data_source)."""
+def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True,
+                check_answer: Optional[AnswerCheck] = None) -> list[PromptRecord]:
+    """The records of one source: rows parsed, checked and rendered (malformed ones per
+    data.bad_rows), tokenized, prompts over data.max_prompt_length per data.overlong_prompts
+    (counted per data_source). Values JSON cannot hold become text, said in one line."""
     keys = source.keys or layout_keys(source.rows, cfg.prompt_key, cfg.answer_key)
     prepared: list[tuple[int, str, ParsedRow, Messages, str]] = []  # (index, where, row, turns, prompt text)
     skipped: list[str] = []
@@ -100,6 +115,8 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str,
             if row.error is not None:
                 raise ValueError(row.error)
             parsed = parse_row(row.value, keys, cfg.source_key, source.default_source, require_answer)
+            if check_answer is not None:
+                check_answer(parsed.ground_truth)
             turns = chat_messages(parsed.prompt, cfg)
             text = render_prompt(turns, tokenizer, cfg.use_chat_template, dict(cfg.chat_template_kwargs))
         except DataError:
@@ -114,6 +131,11 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str,
     if skipped:
         logger.warning("data: skipped %d malformed %s rows of %s (data.bad_rows=skip); the first: %s",
                        len(skipped), split, source.origin, skipped[0])
+    converted = [part for _, _, parsed, _, _ in prepared for part in parsed.converted]
+    if converted:
+        logger.info("data: converted %d values JSON cannot hold to text in %s (first: %s, a %s): ISO 8601 dates "
+                    "and times, decimals as written, bytes as base64; the reward function gets the text",
+                    len(converted), source.origin, *converted[0])
 
     texts = [text for *_, text in prepared]
     ids = tokenizer(texts, add_special_tokens=not cfg.use_chat_template)["input_ids"] if texts else []
@@ -264,8 +286,9 @@ def lookup(row: dict[str, Any], key: str) -> Any:
 
 def parse_row(row: Any, keys: tuple[str, str], source_key: str, default_source: str,
               require_answer: bool = True) -> ParsedRow:
-    """The prompt, ground truth (any value; None when absent and not `require_answer`), data_source
-    and extra_info of one row; ValueError says what is wrong with it."""
+    """The prompt, ground truth (any value; None when absent or null and not `require_answer`),
+    data_source and extra_info of one row, the last two as JSON holds them (`json_value`);
+    ValueError says what is wrong with it."""
     prompt_key, answer_key = keys
     if not isinstance(row, dict):
         raise ValueError(f"expected an object with '{prompt_key}' and '{answer_key}', got {type(row).__name__}")
@@ -276,6 +299,8 @@ def parse_row(row: Any, keys: tuple[str, str], source_key: str, default_source: 
         if require_answer:
             raise
         truth = None
+    if truth is None and require_answer:
+        raise ValueError(f"'{answer_key}' is null, but the reward function (reward.fn, eval.reward_fn) reads it")
     try:
         source = lookup(row, source_key)
     except MissingKey:
@@ -285,7 +310,34 @@ def parse_row(row: Any, keys: tuple[str, str], source_key: str, default_source: 
     elif not isinstance(source, str) or not source.strip():
         raise ValueError(f"'{source_key}' (data.source_key) must be a non-empty string, the name its metrics are "
                          f"reported under; got {type(source).__name__} {source!r:.40}")
-    return ParsedRow(prompt, truth, source, row.get(EXTRA_INFO_KEY))
+    truth, converted_truth = json_value(truth, answer_key)
+    extra_info, converted_extra = json_value(row.get(EXTRA_INFO_KEY), EXTRA_INFO_KEY)
+    return ParsedRow(prompt, truth, source, extra_info, converted_truth + converted_extra)
+
+
+def json_value(value: Any, where: str) -> tuple[Any, Converted]:
+    """`value` as JSON holds it, with (where, type name) of each part turned into text: a date or
+    time in ISO 8601, bytes in base64, anything else JSON has no type for (a Decimal: its exact
+    digits) as str(); numpy scalars and arrays become Python numbers and lists. Parquet and hub rows
+    hold such values, and a record goes to JSON files (samples, validation generations), reward
+    workers and reward servers: each must see what the driver's reward function sees."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return json_value(value.tolist(), where)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value, []
+    if isinstance(value, dict):
+        parts = {key: json_value(item, f"{where}.{key}") for key, item in value.items()}
+        return {key: part[0] for key, part in parts.items()}, [c for _, converted in parts.values() for c in converted]
+    if isinstance(value, (list, tuple)):
+        parts = [json_value(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [part[0] for part in parts], [c for _, converted in parts for c in converted]
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        text = value.isoformat()
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        text = base64.b64encode(value).decode("ascii")
+    else:
+        text = str(value)
+    return text, [(where, type(value).__name__)]
 
 
 def check_prompt(value: Any, key: str) -> Union[str, Messages]:

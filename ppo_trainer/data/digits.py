@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from ppo_trainer.config import DigitsConfig
+from ppo_trainer.config.schema import DigitsConfig
 from ppo_trainer.data.arithmetic import draw_split, in_val_pool
 
 SUM_PAIRS = tuple((a, b) for a in range(10) for b in range(10) if a + b <= 9)

@@ -12,7 +12,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import AlgorithmConfig, ModelConfig
+from ppo_trainer.config.schema import AlgorithmConfig, ModelConfig
 from ppo_trainer.core.losses import actor_loss
 from ppo_trainer.engine.distributed import barrier, resolve_device
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import AlgorithmConfig, CriticConfig, OptimConfig
+from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig, OptimConfig
 from ppo_trainer.core.losses import critic_loss
 from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import OptimConfig
+from ppo_trainer.config.schema import OptimConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
 from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ppo_trainer.config import OptimConfig
+from ppo_trainer.config.schema import OptimConfig
 
 
 def build_optimizer(module: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:

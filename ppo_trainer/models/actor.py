@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ppo_trainer.config import LoraConfig
+from ppo_trainer.config.schema import LoraConfig
 from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
 
 

@@ -104,7 +104,7 @@ def _locate(path: str, part: Optional[str]) -> tuple[str, str]:
             return form, name
     local = Path(path).expanduser()
     if part is not None and re.fullmatch(r"global_step_\d+", local.name) and (local / part).is_dir():
-        local = local / part  # a checkpoint folder (see ppo_trainer.checkpoint)
+        local = local / part  # a checkpoint folder (see ppo_trainer.run.checkpoint)
     if local.exists():
         if not (local / "config.json").is_file():
             raise ModelPathError(f"model.path='{path}' exists but holds no config.json; point it at a Hugging Face model folder")

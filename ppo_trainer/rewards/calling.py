@@ -112,7 +112,8 @@ def absolute_ref(ref: str) -> str:
 def import_reward(ref: str) -> Callable[..., Any]:
     """The function `ref` names: "package.module:function", or "path/to/file.py:function" (a file
     path, relative to the working folder; loaded once per process). ImportError or AttributeError
-    with a one-line message."""
+    with a one-line message; also for a module that calls sys.exit while it is imported (the
+    SystemExit would otherwise end the run as if it had succeeded)."""
     target, _, name = ref.rpartition(":")
     if not target or not name:
         raise ImportError("expected 'module:function' or 'path/to/file.py:function', e.g. "
@@ -124,7 +125,7 @@ def import_reward(ref: str) -> Callable[..., Any]:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             raise ImportError(f"module '{e.name}' cannot be imported; install it or put it on PYTHONPATH") from None
-        except Exception as e:  # the module's own code failed (a syntax error, a file it reads at import...)
+        except (Exception, SystemExit) as e:  # the module's own code failed (a syntax error, a file it reads...)
             raise ImportError(f"importing module '{target}' failed: {one_line(e)}; fix the module") from None
     fn = getattr(module, name, None)
     if not callable(fn):
@@ -145,14 +146,17 @@ def _load_file(path: Path) -> Any:
     sys.modules[name] = module  # dataclasses and pickle look a module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         del sys.modules[name]
         raise ImportError(f"executing {path} failed: {one_line(e)}; fix the file") from None
     return module
 
 
 def one_line(error: BaseException) -> str:
-    """`Type: message` on one line (a message may quote a multi-line ground truth)."""
+    """`Type: message` on one line (a message may quote a multi-line ground truth); a SystemExit as
+    `SystemExit (code C)`, its exit code (its bare message would be just "0")."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit (code {error.code!r:.100})".replace("\n", "\\n")
     return f"{type(error).__name__}: {error}".replace("\n", "\\n")
 
 
@@ -200,7 +204,8 @@ def classify(fn: Callable[..., Any], batched: bool, given: Mapping[str, Any]) ->
 
 def call(fn: Callable[..., Any], calling: Calling, rows: Sequence[RewardInput]) -> list[Outcome]:
     """One call of `fn` as `calling` says: a per-row kind takes exactly one row, a batch kind all of
-    them. Returns one outcome per row; an exception fails every row of the call."""
+    them. Returns one outcome per row; an exception fails every row of the call, and so does a
+    sys.exit inside it (the driver or worker goes on); a KeyboardInterrupt stops the caller."""
     if not calling.batched and len(rows) != 1:
         raise ValueError(f"a per-row reward function is called with one row, got {len(rows)}")
     options = dict(calling.options)
@@ -215,7 +220,7 @@ def call(fn: Callable[..., Any], calling: Calling, rows: Sequence[RewardInput]) 
             return read_batch(fn(**{a: columns[a] for a in calling.args}, **options), len(rows))
         return read_openrlhf(fn(queries=[r.prompt + r.response for r in rows], prompts=[r.prompt for r in rows],
                                 labels=[r.ground_truth for r in rows], **options), len(rows))
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         return [Failure(one_line(e))] * len(rows)
 
 

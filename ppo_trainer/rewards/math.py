@@ -47,20 +47,29 @@ EXTRACTORS = {"strict": extract_strict, "flexible": extract_flexible}  # reward.
 def truth_answers(ground_truth: Any) -> list[str]:
     """The answers a ground truth accepts. A string: the text after its last "####" (all of it
     without one), stripped, a number in it without thousands separators ("1,600" -> "1600"; "(1, 2)"
-    stays); an int or float: as written; a list: those of each element. ValueError for anything
-    else (None, bool, dict) and for a string with nothing after its "####"."""
-    if isinstance(ground_truth, list):
-        return [answer for item in ground_truth for answer in truth_answers(item)]
-    if isinstance(ground_truth, (int, float)) and not isinstance(ground_truth, bool):
-        return [str(ground_truth)]
-    if not isinstance(ground_truth, str):
-        raise ValueError(f"the math reward reads a ground truth that is a string, a number or a list of them, "
-                         f"not {type(ground_truth).__name__} {ground_truth!r:.60}")
-    text = ground_truth.rpartition(ANSWER_MARKER)[2].strip()
+    stays); an int or float: as written; a non-empty list of those: each one's. ValueError for
+    anything else (None, a bool, an object, a list inside the list) and for a string with nothing
+    after its "####". The data loader asks this of every row the math reward will score
+    (`rewards.loader.answer_check`), so such a row is refused at load, not after the models load."""
+    if not isinstance(ground_truth, list):
+        return [_answer(ground_truth, "")]
+    if not ground_truth:
+        raise ValueError("[] is an empty list: no answer to compare")
+    return [_answer(item, " inside a list") for item in ground_truth]
+
+
+def _answer(value: Any, where: str) -> str:
+    """The answer of one string or number (`truth_answers`); ValueError naming `value` and `where` it was."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"the math reward reads a string, a number or a list of them, not {type(value).__name__} "
+                         f"{value!r:.60}{where}")
+    text = value.rpartition(ANSWER_MARKER)[2].strip()
     if not text:
-        raise ValueError(f"ground truth {ground_truth!r:.60} has nothing after '{ANSWER_MARKER}'")
+        raise ValueError(f"ground truth {value!r:.60} has nothing after '{ANSWER_MARKER}'")
     number = _NUMBER_RE.fullmatch(text)
-    return [_canonical(number) if number else text]
+    return _canonical(number) if number else text
 
 
 def answers_equal(answer: str, ground_truth: str) -> bool:

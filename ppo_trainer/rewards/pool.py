@@ -6,9 +6,10 @@ driver's file descriptors (the output folder's lock among them), threads or CUDA
 in its own session, so a Ctrl-C at the terminal reaches only the driver (which finishes its step);
 on Linux the kernel SIGKILLs a worker when the driver thread that started it ends
 (PR_SET_PDEATHSIG), so a SIGKILLed driver leaves no workers behind; start a pool from the thread
-that uses it, for the run's life (the main thread). Requests and replies are pickles framed by
-their length on two pipes per worker; a worker's stdout and stderr are the driver's (engine.log
-during a run).
+that uses it, for the run's life (the main thread). When a worker ends (closed, timed out, dead),
+its process group is killed: what a reward function started (a sandbox, a subprocess) ends too.
+Requests and replies are pickles framed by their length on two pipes per worker; a worker's
+stdout and stderr are the driver's (engine.log during a run).
 
 The driver side is `WorkerPool`; `serve` is a worker's loop.
 """
@@ -105,6 +106,14 @@ def _die_with(parent_pid: int) -> None:
 # --- the driver's side
 
 
+class LoadError(RewardError):
+    """A worker could not import the reward function; `reason` says why, in one line."""
+
+    def __init__(self, fn: str, reason: str):
+        super().__init__(f"a reward worker could not load reward.fn {fn}: {reason}")
+        self.reason = reason
+
+
 @dataclass
 class _Worker:
     process: subprocess.Popen
@@ -116,12 +125,13 @@ class _Worker:
 
 
 def _kill(process: subprocess.Popen) -> None:
-    """SIGKILL a worker and whatever it started in its session; reap it."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """SIGKILL a worker's process group, the worker (if it still runs) and whatever it started there
+    (which would outlive it otherwise), and reap the worker. Also after the worker ended by itself:
+    its group's id is not reused while a member lives, so the signal reaches only them."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the worker and everything it started are gone
+        pass
     process.wait()
 
 
@@ -133,7 +143,8 @@ def _kill_all(processes: list[subprocess.Popen]) -> None:
 class WorkerPool:
     """`size` worker processes calling `spec`'s function; `map` runs tasks (lists of rows) on them
     concurrently, each call bounded by `timeout_s` (None: unbounded). The constructor returns once
-    every worker has loaded the function (RewardError if one cannot)."""
+    every worker has loaded the function (LoadError if one's import fails, RewardError if one exits
+    or takes START_TIMEOUT_S; the workers started are killed)."""
 
     def __init__(self, spec: RewardSpec, size: int, timeout_s: Optional[float]):
         if size < 1:
@@ -142,9 +153,15 @@ class WorkerPool:
         self.selector = selectors.DefaultSelector()
         self.processes: list[subprocess.Popen] = []  # every worker started, for the finalizer
         self._finalizer = weakref.finalize(self, _kill_all, self.processes)
-        self.workers = [self._spawn() for _ in range(size)]
-        while any(w.state == "starting" for w in self.workers):
-            self._wait(results=None, tasks=())
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(size):
+                self.workers.append(self._spawn())
+            while any(w.state == "starting" for w in self.workers):
+                self._wait(results=None, tasks=())
+        except BaseException:
+            self.close()
+            raise
 
     def _spawn(self) -> _Worker:
         request_read, request_write = os.pipe()
@@ -201,9 +218,11 @@ class WorkerPool:
             worker: _Worker = key.data
             message = _read(worker.replies)
             if worker.state == "starting":
-                if message is None or message[0] == "failed":
-                    reason = message[1] if message else f"it exited ({_exit_status(worker.process)})"
-                    raise RewardError(f"a reward worker could not load reward.fn {self.spec.fn}: {reason}")
+                if message is not None and message[0] == "failed":
+                    raise LoadError(self.spec.fn, message[1])
+                if message is None:
+                    raise RewardError(f"a reward worker could not load reward.fn {self.spec.fn}: it exited "
+                                      f"({_exit_status(worker.process)})")
                 worker.state, worker.deadline = "idle", None
             elif message is None:
                 status = _exit_status(worker.process)
@@ -224,7 +243,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """End every worker: an idle one at the end of its request pipe, one still running after 2 s
-        by SIGKILL. Idempotent."""
+        by SIGKILL; then each worker's process group is killed (`_kill`). Idempotent."""
         if not self._finalizer.alive:
             return
         for worker in self.workers:
@@ -234,7 +253,7 @@ class WorkerPool:
             try:
                 worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _kill(worker.process)
+                pass  # killed with its group below
             self.selector.unregister(worker.replies)
             os.close(worker.replies)
         self.workers = []

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
-from ppo_trainer.config import ConfigError, RewardConfig
-from ppo_trainer.resume import nonfinite_statistics
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import (Calling, Failure, Outcome, RewardError, RewardInput, absolute_ref, call,
                                          finite_score)
-from ppo_trainer.rewards.loader import given_options, resolve
+from ppo_trainer.rewards.loader import given_options, resolve, start_workers
 from ppo_trainer.rewards.pool import WorkerPool
 from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
+from ppo_trainer.run.resume import nonfinite_statistics
 from ppo_trainer.tracking import redact_url
 
 
@@ -106,6 +106,14 @@ class FunctionScorer:
                 self._add(scores, len(scores.values), outcome, rows)
         return scores
 
+    def outcomes(self, rows: Sequence[RewardInput]) -> list[Outcome]:
+        """Each row's outcome, a failed row's `Failure` included whatever reward.on_error says: for a
+        caller that reports failures row by row (ppo-serve-reward answers them to its client)."""
+        tasks = [list(rows)] if self.calling.batched else [[row] for row in rows]
+        if self.pool is not None:
+            return [o for task in self.pool.map(tasks) for o in task]
+        return [o for task in tasks for o in call(self.fn, self.calling, task)]
+
     def _add(self, scores: Scores, row: int, outcome: Outcome, rows: Sequence[RewardInput]) -> None:
         if not isinstance(outcome, Failure):
             scores.values.append(outcome[0])
@@ -136,11 +144,12 @@ def failure_line(row: int, value: RewardInput, failure: Failure) -> str:
 def build_scorer(cfg: RewardConfig, key: str = "reward.fn") -> Optional[FunctionScorer]:
     """The scorer of `reward.*`: the function `resolve`d, on `reward.num_workers` workers (0: in
     this process) with calls bounded by `reward.timeout_s`; None when `cfg.fn` is null. ConfigError
-    for a bad reward.fn (`key` names it), RewardError when the workers cannot load it."""
+    for a bad reward.fn (`key` names it), in the driver or in a worker; RewardError when a worker
+    exits or hangs while loading it."""
     if cfg.fn is None:
         return None
     fn, spec = resolve(cfg, key)
-    pool = WorkerPool(spec, cfg.num_workers, cfg.timeout_s) if cfg.num_workers > 0 else None
+    pool = start_workers(cfg, spec, key)
     return FunctionScorer(fn, spec.calling, cfg.on_error, accuracy_rule(cfg, spec.calling), pool)
 
 
@@ -150,7 +159,7 @@ def reward_metrics(scores: Scores, cfg: RewardConfig) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if cfg.on_error == "zero":
         metrics["reward/errors"] = scores.errors
-        if cfg.timeout_s is not None:
+        if cfg.timeout_s is not None or cfg.remote.url:  # a server's requests are always bounded
             metrics["reward/timeouts"] = scores.timeouts
     metrics.update({f"reward/{name}/mean": mean for name, mean in scores.extra_means().items()})
     if cfg.model.path:  # a learned reward's spread matters as much as its level
@@ -402,8 +411,8 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
                           RunningNorm(r.model.normalize, r.model.clip)))
     if r.remote.url:
         client = RemoteRewardClient(r.remote.url, token=bearer_token(r.remote.token), batch_size=r.remote.batch_size,
-                                    concurrency=r.remote.concurrency, timeout_s=r.timeout_s or 60.0,
-                                    retries=r.remote.retries)
+                                    concurrency=r.remote.concurrency, timeout_s=r.remote.timeout_s,
+                                    retries=r.remote.retries, use_proxy=r.remote.use_proxy)
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
                           RunningNorm(r.remote.normalize, r.remote.clip)))
     return CombinedScorer(function, parts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import RewardConfig
 
 
 def truncation_penalty(truncated: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ppo_trainer.config import SamplerConfig
+from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import SamplerConfig
+from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.dtypes import compute_dtype
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists, prompts_to_batch
 

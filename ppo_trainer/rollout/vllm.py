@@ -14,7 +14,7 @@ import safetensors.torch
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import SamplerConfig
+from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.models.critic import safetensors_ready
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists

@@ -7,11 +7,11 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 import torch
 from omegaconf import DictConfig
 
-from ppo_trainer import watchdog
+from ppo_trainer.workers import watchdog
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.distributed import init_one_rank
 from ppo_trainer.workers.accelerators import DeviceKind, detect
-from ppo_trainer.workers.placement import roles_of
+from ppo_trainer.workers.cluster.placement import roles_of
 from ppo_trainer.workers.roles import Worker, method_name, replica_seed
 
 R = TypeVar("R")
@@ -109,7 +109,7 @@ def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str
     this process. Ray: all roles start concurrently."""
     kind = kind or detect(cfg.devices.accelerator)
     if cfg.devices.backend == "ray":
-        from ppo_trainer.workers.ray_backend import build_ray_groups
+        from ppo_trainer.workers.cluster.backend import build_ray_groups
 
         return {role: WorkerGroup(role, workers) for role, workers in build_ray_groups(cfg, kind).items()}
     timeout = cfg.trainer.worker_timeout_s

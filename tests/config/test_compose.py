@@ -7,8 +7,8 @@ from typing import get_type_hints
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer.composition import compose
-from ppo_trainer.config import CONFIG_DIR, ConfigError, PPOConfig, config_groups, group_options
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import CONFIG_DIR, ConfigError, PPOConfig, config_groups, group_options
 
 GROUPS = [g for g in config_groups() if g not in ("experiment", "sweep")]  # the optional `+` groups
 

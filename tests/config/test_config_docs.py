@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_trainer.config import schema_keys
+from ppo_trainer.config.schema import schema_keys
 
 
 @pytest.fixture(scope="module")

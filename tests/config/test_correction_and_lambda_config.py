@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
 
 
 @pytest.mark.parametrize("overrides,key", [

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_trainer import memory_plan
-from ppo_trainer.composition import compose
-from ppo_trainer.derived_settings import uses_reference
-from ppo_trainer.memory_plan import GIB, KNOWN_DIMS, Dims, activation_bytes, model_dims
+from ppo_trainer.plan import memory as memory_plan
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.derived import uses_reference
+from ppo_trainer.plan.memory import GIB, KNOWN_DIMS, Dims, activation_bytes, model_dims
 
 
 def test_parameter_counts_match_the_published_models():
@@ -71,7 +71,7 @@ def test_a_plan_over_the_device_warns_naming_the_keys(monkeypatch):
 
 @pytest.mark.parametrize("experiment", ["smoke", "gsm8k_cpu", "gsm8k"])
 def test_the_dry_run_prints_the_memory_plan(experiment):
-    from ppo_trainer.plan import describe_plan
+    from ppo_trainer.plan.dry_run import describe_plan
 
     text = describe_plan(compose([f"+experiment={experiment}"]), [])
     section = text.split("# memory plan")[1]
@@ -89,7 +89,7 @@ def test_the_gpu_recipe_fits_memory_as_the_plan_needs():
 
 
 def test_vllm_memory_is_sized_one_way_only():
-    from ppo_trainer.config import ConfigError
+    from ppo_trainer.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="kv_cache_gb' and sampler.vllm.gpu_memory_utilization are both set"):
         compose(["sampler=vllm", "sampler.vllm.kv_cache_gb=2", "sampler.vllm.gpu_memory_utilization=0.4"])

@@ -1,4 +1,4 @@
-"""The wheel: every package of ppo_trainer/ and the Hydra tree of configs/ (as ppo_trainer/configs)."""
+"""The wheel: every package of ppo_trainer/ and the Hydra tree of configs/ (as ppo_trainer/config/yaml_tree)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from ppo_trainer.config import CONFIG_DIR
+from ppo_trainer.config.schema import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_pyproject_lists_every_package():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "ppo_trainer").rglob("__init__.py")}
-    assert listed == found | {"ppo_trainer.configs"}
+    assert listed == found | {"ppo_trainer.config.yaml_tree"}
 
 
 def test_source_checkout_reads_the_tree_at_the_root():
@@ -34,6 +34,6 @@ def test_wheel_ships_the_config_tree(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("*.whl")
-    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("ppo_trainer/configs/")}
-    expected = {f"ppo_trainer/configs/{p.relative_to(CONFIG_DIR).as_posix()}" for p in CONFIG_DIR.rglob("*.yaml")}
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("ppo_trainer/config/yaml_tree/")}
+    expected = {f"ppo_trainer/config/yaml_tree/{p.relative_to(CONFIG_DIR).as_posix()}" for p in CONFIG_DIR.rglob("*.yaml")}
     assert shipped == expected

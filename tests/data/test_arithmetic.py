@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ppo_trainer.config import ArithmeticConfig
+from ppo_trainer.config.schema import ArithmeticConfig
 from ppo_trainer.data.arithmetic import generate_problems, in_val_pool
 from ppo_trainer.rewards.math import extract_strict
 

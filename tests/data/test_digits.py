@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from ppo_trainer.config import ConfigError, DigitsConfig
+from ppo_trainer.config.schema import ConfigError, DigitsConfig
 from ppo_trainer.data.arithmetic import in_val_pool
 from ppo_trainer.data.digits import generate_rows
 
@@ -58,14 +58,14 @@ def test_too_few_held_out_strings_is_an_error_naming_the_keys() -> None:
     ],
 )
 def test_bad_digits_settings_are_config_errors_naming_the_key(overrides: list[str], key: str) -> None:
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
 
     with pytest.raises(ConfigError, match=f"^'{key}'"):
         compose(["model=tiny", "data.source=digits", "sampler.max_new_tokens=3", *overrides])
 
 
 def test_sum_needs_only_one_new_token() -> None:
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
 
     cfg = compose(["model=tiny", "data.source=digits", "data.digits.task=sum", "sampler.max_new_tokens=1"])
     assert cfg.data.digits.task == "sum"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.config import DataConfig
+from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import DataError
 from ppo_trainer.data.datasets import chat_messages, render_prompt, user_message
 from ppo_trainer.models.loading import load_tokenizer

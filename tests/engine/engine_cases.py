@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import AlgorithmConfig, CriticConfig, ModelConfig, OptimConfig
+from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig, ModelConfig, OptimConfig
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 

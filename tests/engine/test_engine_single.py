@@ -18,7 +18,7 @@ from engine_cases import (
     naive_logprobs,
     random_batch,
 )
-from ppo_trainer.config import CriticConfig, LoraConfig, OptimConfig
+from ppo_trainer.config.schema import CriticConfig, LoraConfig, OptimConfig
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 

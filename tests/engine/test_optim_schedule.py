@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ppo_trainer.config import OptimConfig
+from ppo_trainer.config.schema import OptimConfig
 from ppo_trainer.engine.optim import build_optimizer, build_scheduler, lr_factor
 
 

@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # The local backend with every role of the smoke experiment, as a notebook inside a Kubeflow job
 # (or a script under torchrun) would build it; prints each role's process group.
 BUILD = """
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.workers.group import build_groups
 groups = build_groups(compose(["+experiment=smoke"]))
 print({role: len(group) for role, group in groups.items()}, groups["actor"].workers.worker.engine.world_size,

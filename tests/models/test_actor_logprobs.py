@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ppo_trainer.config import LoraConfig
+from ppo_trainer.config.schema import LoraConfig
 from ppo_trainer.models.actor import (
     CausalLMPolicy,
     load_causal_lm,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from ppo_trainer import checkpoint
+from ppo_trainer.run import checkpoint
 
 PARTS = {"actor": 1, "critic": 1}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.engine.fsdp import summarize_steps
 from ppo_trainer.trainer import NonFiniteError, run_training
 

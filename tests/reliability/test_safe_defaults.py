@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ppo_trainer.composition import compose
-from ppo_trainer.plan import describe_plan
+from ppo_trainer.config.composition import compose
+from ppo_trainer.plan.dry_run import describe_plan
 from ppo_trainer.tracking import mask_secrets
 
 
@@ -21,7 +21,7 @@ def test_values_under_credential_like_keys_are_masked():
 
 def test_ray_started_by_us_binds_loopback_without_dashboard():
     from ppo_trainer.workers.accelerators import detect
-    from ppo_trainer.workers.placement import ray_init_kwargs
+    from ppo_trainer.workers.cluster.placement import ray_init_kwargs
 
     cfg = compose(["devices.backend=ray"])
     kwargs = ray_init_kwargs(cfg, detect("cpu"))

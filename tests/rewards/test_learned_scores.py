@@ -13,10 +13,10 @@ from typing import Iterator
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.rewards.calling import RewardError, RewardInput
 from ppo_trainer.rewards.remote import RemoteRewardClient, RemoteRewardError, RemoteScores
-from ppo_trainer.resume import nonfinite_statistics
+from ppo_trainer.run.resume import nonfinite_statistics
 from ppo_trainer.rewards.scoring import (CombinedScorer, Part, RemoteScorer, RunningNorm, build_training_scorer,
                                          require_finite_scores)
 

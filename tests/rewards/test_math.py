@@ -122,7 +122,7 @@ def test_every_gsm8k_train_answer_scores_one_against_its_ground_truth(gsm8k_dir:
         ("#### $1,250.50", ["1250.50"]),
         (72, ["72"]),
         (2.5, ["2.5"]),
-        (["1,000", 7, ["#### 8"]], ["1000", "7", "8"]),
+        (["1,000", 7, "#### 8"], ["1000", "7", "8"]),
     ],
 )
 def test_truth_answers_read_the_ground_truth_as_the_data_gives_it(truth, answers) -> None:
@@ -132,7 +132,7 @@ def test_truth_answers_read_the_ground_truth_as_the_data_gives_it(truth, answers
 @pytest.mark.parametrize(
     ("truth", "message"),
     [("reasoning\n####  ", "has nothing after '####'"), (None, "not NoneType"), (True, "not bool"),
-     ({"answer": 3}, "not dict")],
+     ({"answer": 3}, "not dict"), (["1", ["2"]], r"not list \['2'\] inside a list"), ([], "an empty list")],
 )
 def test_truth_answers_refuse_what_they_cannot_read(truth, message) -> None:
     with pytest.raises(ValueError, match=message):

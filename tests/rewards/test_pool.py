@@ -1,6 +1,6 @@
 """The reward worker pool (reward.num_workers): calls overlap, reward.timeout_s bounds each call, a
 timed-out or dead worker is replaced, workers hold none of the driver's descriptors (the output
-folder's lock) and end with a SIGKILLed driver."""
+folder's lock) and end with a SIGKILLed driver, and what a worker starts ends with the worker."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import RewardError, RewardInput
 from ppo_trainer.rewards.scoring import build_scorer
-from ppo_trainer.run_folder import LOCK_FILE, exclusive
+from ppo_trainer.run.folder import LOCK_FILE, exclusive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 REWARDS = """
-import os, signal, time
+import os, signal, subprocess, time
 from pathlib import Path
 
 def overlap(solution_str, ground_truth, extra_info):
@@ -43,6 +43,17 @@ def sleepy(solution_str, ground_truth, extra_info):
 def crashing(solution_str, ground_truth):
     if solution_str == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0
+
+def spawning(solution_str, ground_truth, extra_info):
+    '''Starts a process that would sleep ten minutes (a sandbox, say), writes its pid to
+    extra_info["pid_file"], then dies ("die"), hangs ("hang") or returns.'''
+    child = subprocess.Popen(["sleep", "600"])
+    Path(extra_info["pid_file"]).write_text(str(child.pid))
+    if solution_str == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if solution_str == "hang":
+        time.sleep(600)
     return 1.0
 
 def open_files():
@@ -151,22 +162,22 @@ def test_workers_hold_no_descriptor_of_the_output_folders_lock(rewards_file, tmp
     assert all(e["session"] != os.getsid(0) for e in scores.extras)  # a Ctrl-C at the terminal does not reach them
 
 
-def test_a_function_the_workers_cannot_load_stops_before_scoring(tmp_path):
+def test_a_function_the_workers_cannot_load_is_a_config_error_before_scoring(tmp_path):
     path = tmp_path / "driver_only.py"
     path.write_text(f"import os\nif os.getpid() != {os.getpid()}:\n    raise RuntimeError('not here')\n\n"
                     "def score(response, ground_truth):\n    return 1.0\n")
-    with pytest.raises(RewardError, match=r"a reward worker could not load reward.fn .*driver_only.py:score: "
-                                          r"ImportError: executing .* failed: RuntimeError: not here"):
+    with pytest.raises(ConfigError, match=r"^'reward.fn' is '.*driver_only.py:score', but a reward worker could not "
+                                          r"load it: ImportError: executing .* failed: RuntimeError: not here"):
         build_scorer(RewardConfig(fn=f"{path}:score", num_workers=1))
 
 
 DRIVER = """
 import sys
 from pathlib import Path
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import RewardInput
 from ppo_trainer.rewards.scoring import build_scorer
-from ppo_trainer.run_folder import exclusive
+from ppo_trainer.run.folder import exclusive
 
 fn, out, started = sys.argv[1:]
 with exclusive(Path(out)):
@@ -211,3 +222,30 @@ def test_no_worker_outlives_a_sigkilled_driver_and_the_lock_is_free(rewards_file
         for pid in pids if "pids" in locals() else []:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def ends_within(pid: int, seconds: float) -> bool:
+    """Whether `pid` stops running within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+@pytest.mark.parametrize(("response", "settings"), [("ok", {}), ("hang", {"timeout_s": 1.0}), ("die", {})],
+                         ids=["pool closed", "call timed out", "worker died"])
+def test_a_process_a_reward_function_starts_ends_with_its_worker(rewards_file, tmp_path, response, settings):
+    pid_file = tmp_path / "child.pid"
+    scorer = build_scorer(RewardConfig(fn=f"{rewards_file}:spawning", num_workers=1, on_error="zero", **settings))
+    try:
+        scores = scorer.score(inputs(response, extra={"pid_file": str(pid_file)}))
+        assert scores.errors == (response != "ok")
+        child = int(pid_file.read_text())
+        if response == "ok":
+            assert alive(child)  # the worker still runs: so does what it started, until the pool closes
+            scorer.close()
+        assert ends_within(child, 5.0)
+    finally:
+        scorer.close()
+        if pid_file.exists() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from ppo_trainer.rewards.remote import RemoteRewardClient, parse_answer, url_problem
+from ppo_trainer.rewards.remote import Answer, RemoteRewardClient, parse_answer, url_problem
 
 ROWS = {"query": [f"q{i} r{i}" for i in range(5)], "prompts": [f"q{i} " for i in range(5)],
         "labels": [str(i) for i in range(5)]}
@@ -111,8 +111,9 @@ def test_a_server_that_is_down_is_named_by_the_probe_and_fails_the_rows():
 
 
 def test_answers_in_both_forms_and_malformed_ones():
-    assert parse_answer([1, 2], 2) == ([1.0, 2.0], {})
-    assert parse_answer({"rewards": [1], "scores": [0.5], "extra_logs": {"acc": [1]}}, 1) == ([1.0], {"acc": [1.0]})
+    assert parse_answer([1, 2], 2) == Answer([1, 2], {}, [None, None])
+    assert parse_answer({"rewards": [1], "scores": [0.5], "extra_logs": {"acc": [1]}}, 1) == Answer([1], {"acc": [1]},
+                                                                                                    [None])
     for bad in ({"scores": [1]}, [1, 2, 3], "nope"):
         with pytest.raises(ValueError):
             parse_answer(bad, 2)

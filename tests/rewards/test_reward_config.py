@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
 
 CASES = [
     (["reward.timeout_s=5"], "'reward.timeout_s' needs reward.num_workers >= 1: a call in the driver cannot be stopped"),

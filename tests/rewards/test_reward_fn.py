@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.config import ConfigError, RewardConfig
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, RewardError, RewardInput
 from ppo_trainer.rewards.scoring import FunctionScorer, build_scorer
 

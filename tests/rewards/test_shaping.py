@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_trainer.config import RewardConfig
+from ppo_trainer.config.schema import RewardConfig
 from ppo_trainer.rewards.shaping import overlong_penalty, penalties, truncation_penalty
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_trainer.config import ConfigError, RewardConfig
+from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, RewardInput, call, classify, read_score
 from ppo_trainer.rewards.scoring import build_scorer
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config import SamplerConfig, VllmConfig
+from ppo_trainer.config.schema import SamplerConfig, VllmConfig
 from ppo_trainer.rollout import prompts_to_batch
 
 MAX_NEW_TOKENS = 12

@@ -12,7 +12,7 @@ import pytest
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.data.datasets import PromptRecord
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results, run_eval,
                                   validation_metrics, validation_seed, wilson_interval)
 from ppo_trainer.rewards import math as math_reward

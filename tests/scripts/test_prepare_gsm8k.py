@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.data import load_prompts
 from ppo_trainer.models.loading import load_tokenizer
 

@@ -12,8 +12,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep
 from omegaconf import OmegaConf
 
-from ppo_trainer import cli, composition, overrides
-from ppo_trainer.config import CONFIG_DIR, ConfigError, group_options
+from ppo_trainer import cli
+from ppo_trainer.config import composition, overrides
+from ppo_trainer.config.schema import CONFIG_DIR, ConfigError, group_options
 
 SWEEPS = group_options("sweep")
 

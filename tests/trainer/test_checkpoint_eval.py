@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.evaluate import run_eval
 from ppo_trainer.trainer import run_training
 
@@ -179,7 +179,7 @@ def test_merged_export_loads_in_vllm_and_decodes_like_transformers(run):
     """vllm.LLM(model=actor_merged) (in-process engine, float32): greedy tokens equal transformers'."""
     from transformers import AutoModelForCausalLM
 
-    from ppo_trainer.config import SamplerConfig, VllmConfig
+    from ppo_trainer.config.schema import SamplerConfig, VllmConfig
     from ppo_trainer.rollout.base import prompts_to_batch
     from ppo_trainer.rollout.vllm import VllmSampler
 
@@ -251,7 +251,7 @@ def test_a_run_folder_from_elsewhere_runs_no_code_unless_the_command_line_says_s
 
     from omegaconf import OmegaConf
 
-    from ppo_trainer.config import ConfigError
+    from ppo_trainer.config.schema import ConfigError
 
     out, _ = run
     copy = tmp_path / "downloaded"

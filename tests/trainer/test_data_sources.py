@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ArithmeticConfig, DataConfig
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ArithmeticConfig, DataConfig
 from ppo_trainer.data.arithmetic import generate_problems
 from ppo_trainer.trainer import run_training
 

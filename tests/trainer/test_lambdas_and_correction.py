@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.core import advantages as core_advantages
 from ppo_trainer.core.gae import adaptive_lambda, compute_gae
 from ppo_trainer.trainer import run_training

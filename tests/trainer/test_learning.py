@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.trainer import run_training
 
 

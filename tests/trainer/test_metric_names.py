@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from ppo_trainer import metric_names
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ConfigError
-from ppo_trainer.derived_settings import uses_reference
+from ppo_trainer.config import metric_names
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
+from ppo_trainer.config.derived import uses_reference
 from ppo_trainer.trainer import run_training
 
 VARIANTS = {

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer import resume, run_folder
-from ppo_trainer.composition import compose
-from ppo_trainer.config import ConfigError
+from ppo_trainer.run import folder as run_folder, resume
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.engine.optim import lr_factor
 from ppo_trainer.trainer import Trainer, run_training
 

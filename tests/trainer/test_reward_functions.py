@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.trainer import run_training
 
 REWARD = '''

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.serve_reward import function_scorer, make_server
 from ppo_trainer.trainer import run_training
 

@@ -17,9 +17,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from ppo_trainer import resume
+from ppo_trainer.run import resume
 from ppo_trainer.cli import train_main
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.rewards.calling import RewardError
 from ppo_trainer.trainer import run_training
 

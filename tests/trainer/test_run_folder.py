@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer import run_folder
+from ppo_trainer.run import folder as run_folder
 from ppo_trainer.cli import train_main
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.tracking import wandb_run_id
 from ppo_trainer.trainer import NonFiniteError, run_training
 
@@ -27,7 +27,7 @@ SMOKE = ["+experiment=smoke", "trainer.loggers=[jsonl]"]
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from ppo_trainer.run_folder import exclusive
+from ppo_trainer.run.folder import exclusive
 with exclusive(Path(sys.argv[1])):
     if sys.argv[2] == "fork" and os.fork() == 0:  # a child forked without exec (vLLM's engine, a reward pool)
         time.sleep(60)
@@ -176,7 +176,7 @@ def test_a_sweep_with_a_fixed_output_dir_trains_every_job_in_its_own_folder(tmp_
 
 
 def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_the_rerun_gets_the_room_back(tmp_path, monkeypatch):
-    from ppo_trainer.checkpoint import CheckpointSaveError
+    from ppo_trainer.run.checkpoint import CheckpointSaveError
     from ppo_trainer.engine.fsdp import FSDPEngine
 
     real_save = FSDPEngine.save_state

@@ -50,7 +50,7 @@ def ray_cluster() -> Iterator[str]:
     pytest.importorskip("ray")
     import ray
 
-    from ppo_trainer.workers.ray_backend import bind_loopback
+    from ppo_trainer.workers.cluster.backend import bind_loopback
 
     bind_loopback()
     os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # vLLM's own rendezvous inside the rollout worker

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 
 from ppo_trainer.cli import train_main
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 
 from .conftest import ray_overrides
 
@@ -36,7 +36,7 @@ def hide_markers(node_id: str, under: str) -> Callable[[], None]:
     def hook() -> None:  # nested: cloudpickle ships it by value to every worker of the job
         import ray
 
-        from ppo_trainer.workers import cluster
+        from ppo_trainer.workers.cluster import nodes as cluster
 
         if ray.get_runtime_context().get_node_id() != node_id:
             return
@@ -52,7 +52,7 @@ def other_torch(node_id: str) -> Callable[[], None]:
     def hook() -> None:
         import ray
 
-        from ppo_trainer.workers import cluster
+        from ppo_trainer.workers.cluster import nodes as cluster
 
         if ray.get_runtime_context().get_node_id() != node_id:
             return
@@ -138,8 +138,8 @@ def test_a_checkpoint_folder_a_node_does_not_see_stops_the_first_save_before_the
 
 def test_a_rank_left_alone_in_a_collective_fails_after_the_collective_timeout_naming_its_role(ray_cluster):
     from ppo_trainer.workers.accelerators import detect
-    from ppo_trainer.workers.placement import plan_placement
-    from ppo_trainer.workers.ray_backend import PlacementPool, RayWorkers, fit_on_cluster, start_ray
+    from ppo_trainer.workers.cluster.placement import plan_placement
+    from ppo_trainer.workers.cluster.backend import PlacementPool, RayWorkers, fit_on_cluster, start_ray
     from ppo_trainer.workers.roles import WorkerError
 
     cfg = compose(ray_overrides(ray_cluster, actor=2, critic=1, rollout=1)

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from ppo_trainer.composition import compose
-from ppo_trainer.plan import placement_lines
-from ppo_trainer.workers import accelerators, placement
+from ppo_trainer.config.composition import compose
+from ppo_trainer.plan.dry_run import placement_lines
+from ppo_trainer.workers import accelerators
+from ppo_trainer.workers.cluster import placement
 from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.placement import ClusterNode, PlacementError, assign_nodes, plan_placement, ray_init_kwargs
+from ppo_trainer.workers.cluster.placement import ClusterNode, PlacementError, assign_nodes, plan_placement, ray_init_kwargs
 
 from .conftest import computing_on_cpu
 
@@ -178,7 +179,7 @@ def test_ppo_train_dry_run_prints_the_multi_gpu_placement_and_warns_about_missin
 
 
 def test_the_reported_failure_is_a_ranks_own_error_not_its_peers_connection_closed():
-    from ppo_trainer.workers.ray_backend import root_cause
+    from ppo_trainer.workers.cluster.backend import root_cause
 
     peer = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5821"
     died = "the worker process died (ActorDiedError: The actor died unexpectedly before finishing this task.)"
@@ -189,7 +190,7 @@ def test_the_reported_failure_is_a_ranks_own_error_not_its_peers_connection_clos
 
 def test_dry_run_plan_says_which_dtype_auto_chose_and_why():
     from ppo_trainer.dtypes import auto_dtype
-    from ppo_trainer.plan import dtype_summary
+    from ppo_trainer.plan.dry_run import dtype_summary
 
     line = dtype_summary(compose(["model=smollm2"]))
     chosen, why = auto_dtype("cpu")
@@ -200,7 +201,7 @@ def test_dry_run_plan_says_which_dtype_auto_chose_and_why():
 
 def test_an_npu_engine_keeps_the_plain_weight_layout_and_a_cpu_one_sizes_its_cache_in_bytes(tiny_model_dir):
     """vllm-ascend's default NZ layout cannot take pushed weights nor wake from sleep."""
-    from ppo_trainer.config import SamplerConfig, VllmConfig
+    from ppo_trainer.config.schema import SamplerConfig, VllmConfig
     from ppo_trainer.rollout.vllm import engine_kwargs
 
     cfg = SamplerConfig(name="vllm", vllm=VllmConfig(kv_cache_gb=2.0))

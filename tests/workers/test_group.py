@@ -64,9 +64,9 @@ class FakeEngine:
 
 
 def test_a_worker_calls_its_engine_and_owns_the_checkpoint_layout_and_rng(monkeypatch, tmp_path):
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
     from ppo_trainer.workers import roles
-    from ppo_trainer.workers.cluster import write_marker
+    from ppo_trainer.workers.cluster.nodes import write_marker
 
     monkeypatch.setitem(roles.BUILDERS, "actor", lambda cfg, device: FakeEngine())
     worker = roles.Worker("actor", compose(["trainer.seed=7"]), "cpu")
@@ -91,9 +91,10 @@ def test_a_worker_that_does_not_see_the_staged_folder_writes_nothing_and_names_i
     is another run's) refuses the save before its engine writes anything."""
     import socket
 
-    from ppo_trainer.composition import compose
-    from ppo_trainer.workers import cluster, roles
-    from ppo_trainer.workers.cluster import MARKER, write_marker
+    from ppo_trainer.config.composition import compose
+    from ppo_trainer.workers import roles
+    from ppo_trainer.workers.cluster import nodes as cluster
+    from ppo_trainer.workers.cluster.nodes import MARKER, write_marker
 
     monkeypatch.setattr(cluster, "FOLDER_WAIT_S", 0.5)
     monkeypatch.setitem(roles.BUILDERS, "critic", lambda cfg, device: FakeEngine())
@@ -109,7 +110,7 @@ def test_a_worker_that_does_not_see_the_staged_folder_writes_nothing_and_names_i
 
 @pytest.mark.parametrize("device, keeps", [("cpu", True), ("cuda:0", False)])
 def test_a_worker_computing_in_host_memory_keeps_freed_memory_before_its_engine_is_built(monkeypatch, device, keeps):
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
     from ppo_trainer.workers import roles
 
     events = []
@@ -120,7 +121,7 @@ def test_a_worker_computing_in_host_memory_keeps_freed_memory_before_its_engine_
 
 
 def test_a_worker_caps_the_cpu_kernel_caches_before_its_engine_is_built_unless_the_user_set_them(monkeypatch):
-    from ppo_trainer.composition import compose
+    from ppo_trainer.config.composition import compose
     from ppo_trainer.workers import roles
 
     seen = {}

@@ -9,9 +9,9 @@ from typing import Iterator
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.placement import PlacementError, plan_placement
+from ppo_trainer.workers.cluster.placement import PlacementError, plan_placement
 
 from .conftest import computing_on_cpu, node_info, ray_overrides
 
@@ -25,7 +25,7 @@ def live_placement_groups() -> int:
 @contextmanager
 def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
     """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's `node_info`."""
-    from ppo_trainer.workers.ray_backend import PlacementPool, fit_on_cluster, spawn_hosts, start_ray
+    from ppo_trainer.workers.cluster.backend import PlacementPool, fit_on_cluster, spawn_hosts, start_ray
 
     start_ray(cfg, kind)
     placement = plan_placement(cfg)
@@ -87,7 +87,7 @@ def test_cpu_slots_place_one_worker_per_cpu_bundle_without_visible_devices(ray_c
 
 def test_more_devices_than_the_cluster_has_fails_fast_naming_role_and_numbers(ray_cluster):
     from ppo_trainer.workers.group import build_groups
-    from ppo_trainer.workers.ray_backend import start_ray
+    from ppo_trainer.workers.cluster.backend import start_ray
 
     cfg = compose(ray_overrides(ray_cluster, actor=2, critic=8, rollout=1)
                   + ["data.train_batch_size=8", "algorithm.ppo_mini_batch_size=8"])

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.base import assemble_rollout, prompts_to_batch
 from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.placement import plan_placement
+from ppo_trainer.workers.cluster.placement import plan_placement
 from ppo_trainer.workers.group import build_groups
 
 from .conftest import computing_on_cpu, node_info, ray_overrides
@@ -210,7 +210,7 @@ def test_a_call_past_the_worker_timeout_fails_naming_the_role_rank_and_method(ra
     trainer.worker_timeout_s the call fails, and later calls on the group fail at once."""
     import ray
 
-    from ppo_trainer.workers.ray_backend import RayWorkers
+    from ppo_trainer.workers.cluster.backend import RayWorkers
     from ppo_trainer.workers.roles import WorkerError
 
     workers = RayWorkers.__new__(RayWorkers)  # its _gather over plain tasks: no real worker is harmed

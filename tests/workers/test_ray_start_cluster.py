@@ -37,7 +37,7 @@ OTHER_TORCH = """
 import sys, ray
 def hook(node=sys.argv[2]):  # a default: the hook runs in the workers, whose sys.argv is their own
     import ray
-    from ppo_trainer.workers import cluster
+    from ppo_trainer.workers.cluster import nodes as cluster
     if ray.get_runtime_context().get_node_id() == node:
         found = cluster.package_versions
         cluster.package_versions = lambda packages=cluster.PACKAGES: {**found(packages), "torch": "2.12.1+cpu"}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.trainer import run_training
 
 
@@ -76,7 +76,7 @@ def test_a_reward_model_on_ray_scores_as_a_plain_transformers_forward(ray_cluste
 
     from ppo_trainer.models.loading import resolve_model_path
     from ppo_trainer.rewards.calling import RewardInput
-    from ppo_trainer.run_folder import absolute_output_dir, exclusive
+    from ppo_trainer.run.folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
     cfg = compose(["+experiment=smoke", "devices.backend=ray", "devices.accelerator=cpu", "devices.colocate=false",

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_trainer.composition import compose
+from ppo_trainer.config.composition import compose
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.evaluate import prompt_batch
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler
-from ppo_trainer.run_folder import absolute_output_dir, exclusive
+from ppo_trainer.run.folder import absolute_output_dir, exclusive
 from ppo_trainer.trainer import Trainer
 
 BASE = ["+experiment=smoke", "sampler=vllm", "sampler.vllm.kv_cache_gb=0.05", "trainer.loggers=[jsonl]",

@@ -8,12 +8,12 @@ import re
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from ppo_trainer import metric_names
-from ppo_trainer.batch_sizes import batch_arithmetic
-from ppo_trainer.config import ConfigError, PPOConfig, RewardConfig
+from ppo_trainer.config import metric_names
+from ppo_trainer.config.derived import batch_arithmetic
+from ppo_trainer.config.schema import ConfigError, PPOConfig, RewardConfig
 from ppo_trainer.core import choices
-from ppo_trainer.derived_settings import kl_in_reward, uses_reference
-from ppo_trainer.overrides import check_key, unknown_key_error
+from ppo_trainer.config.derived import kl_in_reward, uses_reference
+from ppo_trainer.config.overrides import check_key, unknown_key_error
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -219,10 +219,14 @@ def _reward_checks(cfg: DictConfig) -> None:
         _require(r[part].clip is None or r[part].clip > 0, f"reward.{part}.clip", f"must be > 0, or null, got {r[part].clip}")
     _lower_bound(cfg, ">=", 1, "reward.remote.batch_size", "reward.remote.concurrency")
     _lower_bound(cfg, ">=", 0, "reward.remote.retries")
+    _lower_bound(cfg, ">", 0, "reward.remote.timeout_s")
     _lower_bound(cfg, ">=", 0, "reward.num_workers", "reward.truncation_penalty", "reward.overlong_buffer")
     _lower_bound(cfg, ">", 0, "reward.overlong_penalty")
     _require(r.timeout_s is None or r.timeout_s > 0, "reward.timeout_s", f"must be > 0, or null for no bound, got "
              f"{r.timeout_s}")
+    _require(r.timeout_s is None or r.fn is not None or cfg.eval.reward_fn is not None, "reward.timeout_s",
+             "bounds reward functions only, and reward.fn and eval.reward_fn are null: nothing would use it; to bound "
+             f"the reward server's requests, set reward.remote.timeout_s={r.timeout_s} instead")
     _require(r.timeout_s is None or r.num_workers >= 1, "reward.timeout_s",
              "needs reward.num_workers >= 1: a call in the driver cannot be stopped; set reward.num_workers=1 or more")
     _require(not (r.batched and r.num_workers > 1), "reward.num_workers",

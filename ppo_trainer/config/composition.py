@@ -6,9 +6,9 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from ppo_trainer.config import CONFIG_DIR, CONFIG_NAME, ConfigError
-from ppo_trainer.config_validation import validate_static
-from ppo_trainer.overrides import check_overrides, normalize_overrides, sweep_file
+from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
+from ppo_trainer.config.validation import validate_static
+from ppo_trainer.config.overrides import check_overrides, normalize_overrides, sweep_file
 
 
 MAX_CHECKED_JOBS = 256  # a larger grid has its first jobs checked up front, the rest as they start

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config import ConfigError
+from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.tracking import flatten
 
 log = logging.getLogger("ppo_trainer")
@@ -177,7 +177,7 @@ def restored_reward_norm(checkpoint: Path, state: dict[str, Any], fingerprint: M
     whose reward changed (`reset_reward_parts`). CheckpointError (exit 2, before any model loads) for a
     restored statistic that is not finite, naming the file and key, with the ways out: the newest
     earlier checkpoint whose statistics are finite, or deleting the part's entry from the file."""
-    from ppo_trainer.checkpoint import CheckpointError, complete_steps, step_dir
+    from ppo_trainer.run.checkpoint import CheckpointError, complete_steps, step_dir
 
     reset = reset_reward_parts(state, fingerprint)
     kept = {part: stats for part, stats in state.get("reward_norm", {}).items() if part not in reset}

@@ -225,7 +225,9 @@ class RemoteRewardConfig:  # a reward server speaking OpenRLHF's protocol (docs/
     token: Optional[str] = None  # bearer token; e.g. ${oc.env:REWARD_TOKEN} (saved configs mask it)
     batch_size: int = 64  # rows per request
     concurrency: int = 4  # requests in flight
-    retries: int = 3  # after a connection error or a 5xx answer, with doubling waits from 1 s
+    retries: int = 3  # after a connection error, a 5xx or a 429 answer, with doubling waits from 1 s (429: Retry-After)
+    timeout_s: float = 60.0  # bounds each request: connect, send, the whole answer, its retries and their waits
+    use_proxy: bool = False  # true: through $http_proxy/$https_proxy (they see the token); false: straight to the URL
     normalize: bool = False  # as reward.model.normalize
     clip: Optional[float] = None  # as reward.model.clip
 
@@ -242,7 +244,8 @@ class RewardConfig:  # the score of a response: a function, a reward model or a 
     correct_score: float = 1.0  # also validation's threshold when the function returns no "acc"
     on_error: str = "raise"  # raise | zero (score 0 and count it): a call that fails, times out or returns a non-number
     num_workers: int = 0  # processes that score rows concurrently; 0: in the driver
-    timeout_s: Optional[float] = None  # bounds each call (needs num_workers >= 1); None: unbounded
+    # bounds each call of a reward function (needs num_workers >= 1); None: unbounded. Servers: remote.timeout_s
+    timeout_s: Optional[float] = None
     truncation_penalty: float = 0.0  # subtracted from the training score of a response cut at max_new_tokens
     overlong_buffer: int = 0  # DAPO: the last tokens of max_new_tokens where a penalty rises to overlong_penalty
     overlong_penalty: float = 1.0  # DAPO's penalty factor
@@ -314,12 +317,12 @@ def schema_keys(schema: type = PPOConfig, prefix: str = "") -> dict[str, Any]:
     return keys
 
 
-# ppo_trainer/configs/ in an installed wheel (package data), configs/ at the root of a checkout.
-CONFIG_DIR = next((d for d in (Path(__file__).parent / "configs", Path(__file__).parents[1] / "configs")
+# ppo_trainer/config/yaml_tree/ in an installed wheel (package data), configs/ at the root of a checkout.
+CONFIG_DIR = next((d for d in (Path(__file__).parent / "yaml_tree", Path(__file__).parents[2] / "configs")
                    if (d / "ppo.yaml").is_file()), None)
 if CONFIG_DIR is None:
-    raise ImportError(f"ppo_trainer: no configs/ppo.yaml in {Path(__file__).parent} or its parent; the install "
-                      "lacks its package data: reinstall (rm -rf build *.egg-info && pip install .)")
+    raise ImportError(f"ppo_trainer: no ppo.yaml in {Path(__file__).parent / 'yaml_tree'} or the checkout's configs/; "
+                      "the install lacks its package data: reinstall (rm -rf build *.egg-info && pip install .)")
 CONFIG_NAME = "ppo"
 
 

@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ppo_trainer.config import CONFIG_DIR, ConfigError, PPOConfig, config_groups, group_options, schema_keys
+from ppo_trainer.config.schema import CONFIG_DIR, ConfigError, PPOConfig, config_groups, group_options, schema_keys
 
 _KEYS = schema_keys()
 

@@ -42,7 +42,7 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
     r = cfg.reward
     if r.on_error == "zero":
         names.add("reward/errors")
-        if r.timeout_s is not None:
+        if r.timeout_s is not None or r.remote.url:
             names.add("reward/timeouts")
     if r.truncation_penalty > 0:
         names.add("reward/truncation_penalty")

@@ -10,17 +10,17 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.batch_sizes import batch_arithmetic
+from ppo_trainer.config.derived import batch_arithmetic
 from ppo_trainer.data.datasets import describe_split
-from ppo_trainer.derived_settings import kl_in_reward, uses_reference
+from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.dtypes import auto_dtype
-from ppo_trainer.memory_plan import memory_plan
+from ppo_trainer.plan.memory import memory_plan
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
-from ppo_trainer.rewards.remote import url_problem
+from ppo_trainer.rewards.remote import bearer_token, url_problem
 from ppo_trainer.tracking import mask_secrets
 from ppo_trainer.workers.accelerators import detect, local_device_count
-from ppo_trainer.workers.cluster import ray_address_problem
-from ppo_trainer.workers.placement import describe_placement, plan_placement, roles_of
+from ppo_trainer.workers.cluster.nodes import ray_address_problem
+from ppo_trainer.workers.cluster.placement import describe_placement, plan_placement, roles_of
 
 
 def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
@@ -150,9 +150,10 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     critic = model_path_problem(cfg.critic.path, "critic.path", part="critic") if cfg.critic.path else None
     address = cfg.devices.ray.address if cfg.devices.backend == "ray" else None
     reward_model = cfg.reward.model.path and model_path_problem(cfg.reward.model.path, "reward.model.path")
+    remote = cfg.reward.remote
+    server = remote.url and url_problem(remote.url, bearer_token(remote.token), use_proxy=remote.use_proxy)
     others = (model_path_problem(cfg.model.path, "model.path"), critic, reward_model, device_count_problem(cfg),
-              address and ray_address_problem(address), cfg.reward.remote.url and url_problem(cfg.reward.remote.url),
-              launcher_problem(os.environ))
+              address and ray_address_problem(address), server, launcher_problem(os.environ))
     return problems + [problem for problem in others if problem]
 
 

@@ -1,0 +1,1 @@
+"""The dry run: the plan of a run (roles, placement, batch arithmetic) and its memory estimate."""

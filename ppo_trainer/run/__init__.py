@@ -1,0 +1,1 @@
+"""A run on disk: its output folder, checkpoints, what a resume keeps, applies and refuses."""
