@@ -393,7 +393,7 @@ def test_reward_remote_timeout_s_bounds_requests_and_reward_timeout_s_only_funct
 
 
 def test_a_servers_timeouts_are_counted_without_reward_timeout_s():
-    from ppo_trainer import metric_names
+    from ppo_trainer.config import metric_names
     from ppo_trainer.rewards.scoring import Scores, reward_metrics
 
     cfg = compose(["+experiment=smoke", "reward.fn=null", "reward.remote.url=http://127.0.0.1:9/get_reward",
