@@ -76,7 +76,6 @@ class Trainer:
         self.output_dir = Path(cfg.trainer.output_dir)
         self.loader = prompt_loader(cfg, train_records)
         self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
-        self.reward = reward_fingerprint(cfg)  # and tells a changed reward (which restarts its normalisation)
         # training's (reward.fn and the learned rewards) and validation's (eval.reward_fn, else reward.fn)
         self.scorer, self.val_scorer = scorers or scorers_of(cfg, groups)
         g = cfg.gae
@@ -379,7 +378,7 @@ class Trainer:
         """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
         with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step; a
         worker that does not see the staged folder (its marker) stops the save before anything is written."""
-        reward_norm = self.scorer.saved_state(self.step, self.last_checkpoint_line)  # finite, or nothing is written
+        reward = self.scorer.saved_state(self.step, self.last_checkpoint_line)  # finite, or nothing is written
         try:
             staging = checkpoint.begin(self.output_dir, self.step)
             marker = write_marker(staging)
@@ -388,8 +387,7 @@ class Trainer:
             remove_marker(staging)
             state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                      "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
-                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data,
-                     "reward_norm": reward_norm, "reward_fingerprint": self.reward}
+                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data, **reward}
             workers = {role: group.run_all(Worker.rng_state) for role, group in self.groups.items()}
             checkpoint.save_trainer_state(staging / "state", state,
                                           {"torch": torch.get_rng_state(), "workers": workers},

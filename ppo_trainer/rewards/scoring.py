@@ -326,10 +326,11 @@ class CombinedScorer:
     reward.remote.coef x the server's, the learned parts each normalised and clipped as configured
     (a failed row's part adds 0). Each scored row's extras gain the learned parts' raw scores under
     "model" and "remote" (names a function's extras may not take). Validation accuracy follows the
-    function, when there is one."""
+    function, when there is one. `fingerprint`: the reward's `reward_fingerprint`, saved with the
+    statistics so that a resume can tell a changed reward."""
 
-    def __init__(self, function: Optional[Scorer], parts: Sequence[Part]):
-        self.function, self.parts = function, list(parts)
+    def __init__(self, function: Optional[Scorer], parts: Sequence[Part], fingerprint: Optional[dict[str, Any]] = None):
+        self.function, self.parts, self.fingerprint = function, list(parts), fingerprint
         self.accuracy = function.accuracy if function is not None else Accuracy()
 
     def score(self, rows: Sequence[RewardInput]) -> Scores:
@@ -355,9 +356,10 @@ class CombinedScorer:
         return {part.name: part.norm.state_dict() for part in self.parts}
 
     def saved_state(self, step: int, last_checkpoint: Callable[[], str]) -> dict[str, Any]:
-        """`state_dict` for a save, checked first: NonFiniteStatistics naming each key that is not
-        finite, the step and `last_checkpoint()` (a checkpoint holding them could not be resumed).
-        Finite scores overflow the statistics only when they are huge (around 1e154 and beyond)."""
+        """What the trainer state holds of the reward: {"reward_norm": `state_dict`, "reward_fingerprint"},
+        checked first: NonFiniteStatistics naming each statistic that is not finite, the step and
+        `last_checkpoint()` (a checkpoint holding them could not be resumed). Finite scores overflow
+        the statistics only when they are huge (around 1e154 and beyond)."""
         state = self.state_dict()
         bad = nonfinite_statistics(state)
         if bad:
@@ -365,7 +367,7 @@ class CombinedScorer:
             raise NonFiniteStatistics(f"step {step} was not saved: the running reward statistics {shown} are not "
                                       "finite (scores this large overflow them); scale the reward down at its source; "
                                       f"{last_checkpoint()}")
-        return state
+        return {"reward_norm": state, "reward_fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for part in self.parts:
@@ -403,7 +405,7 @@ def _function_fingerprint(ref: Optional[str]) -> Optional[str]:
 
 def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: Any = None) -> CombinedScorer:
     """reward.fn's scorer (`build_scorer`, None without a function) with the reward model (its
-    worker group) and the reward server of `cfg.reward`, as configured."""
+    worker group) and the reward server of `cfg.reward`, as configured, and the reward's fingerprint."""
     r = cfg.reward
     parts = []
     if r.model.path:
@@ -415,4 +417,4 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
                                     retries=r.remote.retries, use_proxy=r.remote.use_proxy)
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
                           RunningNorm(r.remote.normalize, r.remote.clip)))
-    return CombinedScorer(function, parts)
+    return CombinedScorer(function, parts, reward_fingerprint(cfg))
