@@ -32,7 +32,8 @@ from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_bat
 from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.loader import answer_check
 from ppo_trainer.rewards.math import EXTRACTORS
-from ppo_trainer.rewards.scoring import CombinedScorer, Scorer, build_scorer, build_training_scorer, reward_metrics
+from ppo_trainer.rewards.scoring import (CombinedScorer, Scorer, build_scorer, build_training_scorer,
+                                         require_finite_scores, reward_fingerprint, reward_metrics)
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
 from ppo_trainer.workers import watchdog
@@ -106,6 +107,7 @@ class Trainer:
             changes = resume.check_config(resume_from, checkpoint.saved_config(resume_from), state,
                                           run_folder.resolved_config(cfg))
             resume.check_dtypes(state, resolved_dtypes(cfg))
+            state["reward_norm"] = resume.restored_reward_norm(resume_from, state, reward_fingerprint(cfg))
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         if cfg.critic.path:
             check_critic_vocabulary(cfg.critic.path, tokenizer)
@@ -295,6 +297,7 @@ class Trainer:
 
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
         """The batch with advantages and returns (`core.advantages.compute`); steps the KL controller."""
+        require_finite_scores(batch.scores.tolist())
         kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
                                  batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
@@ -375,6 +378,7 @@ class Trainer:
         """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
         with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step; a
         worker that does not see the staged folder (its marker) stops the save before anything is written."""
+        reward = self.scorer.saved_state(self.step, self.last_checkpoint_line)  # finite, or nothing is written
         try:
             staging = checkpoint.begin(self.output_dir, self.step)
             marker = write_marker(staging)
@@ -383,8 +387,7 @@ class Trainer:
             remove_marker(staging)
             state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                      "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
-                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data,
-                     "reward_norm": self.scorer.state_dict()}
+                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data, **reward}
             workers = {role: group.run_all(Worker.rng_state) for role, group in self.groups.items()}
             checkpoint.save_trainer_state(staging / "state", state,
                                           {"torch": torch.get_rng_state(), "workers": workers},

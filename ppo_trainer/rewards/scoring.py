@@ -1,18 +1,30 @@
 """Scoring a batch of responses: the one place that turns rows into scores, named extras and
 counts of failed and timed-out rows, under `reward.on_error`. `FunctionScorer` calls `reward.fn`
 in the driver or on a worker pool (`rewards/pool.py`); a scorer of another kind (a reward model,
-a reward server) is a `Scorer` beside it. Training and validation share one scorer."""
+a reward server) is a `Scorer` beside it. Training and validation share one scorer.
+
+One rule for every learned or remote score (`calling.finite_score`): a value that is not a finite
+number (NaN, inf, a bool, text, null) fails its row under `reward.on_error`, like a function's
+failed call. The running normalisation leaves failed rows out of its statistics, and a save or a
+resume refuses statistics that are not finite (`nonfinite_statistics`)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from ppo_trainer.config.schema import ConfigError, RewardConfig
-from ppo_trainer.rewards.calling import Calling, Failure, Outcome, RewardError, RewardInput, call
+from ppo_trainer.rewards.calling import (Calling, Failure, Outcome, RewardError, RewardInput, absolute_ref, call,
+                                         finite_score)
 from ppo_trainer.rewards.loader import given_options, resolve, start_workers
 from ppo_trainer.rewards.pool import WorkerPool
 from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
+from ppo_trainer.run.resume import nonfinite_statistics
+from ppo_trainer.tracking import redact_url
 
 
 @dataclass
@@ -23,6 +35,7 @@ class Scores:
     extras: list[dict[str, Any]] = field(default_factory=list)  # [B] each row's named extras; {} for a failed row
     errors: int = 0  # rows scored by reward.on_error: exceptions, invalid results, timeouts, dead workers
     timeouts: int = 0  # of those, the calls that outlived reward.timeout_s
+    failed: list[int] = field(default_factory=list)  # a reward model's or server's failed rows (RunningNorm skips them)
 
     def extra_means(self) -> dict[str, float]:
         """Each numeric extra's mean over the rows that returned it as a number."""
@@ -159,23 +172,27 @@ def reward_metrics(scores: Scores, cfg: RewardConfig) -> dict[str, float]:
 class RunningNorm:
     """Scores standardised by the running mean and std of every score seen so far (this batch's
     included: the first batch is standardised by itself), then clipped to [-clip, clip]: the scale
-    of a learned reward then leaves the PPO step size alone. Its statistics are part of the
-    checkpoint (`state_dict`), so a resumed run normalises as the uninterrupted one."""
+    of a learned reward then leaves the PPO step size alone. A failed row (`failed`) is left out of
+    the statistics and scores 0 after normalisation: one bad answer must not move, or poison, the
+    scale every later score is read on. The statistics are part of the checkpoint (`state_dict`), so
+    a resumed run normalises as the uninterrupted one."""
 
     def __init__(self, normalize: bool, clip: Optional[float]):
         self.normalize, self.clip = normalize, clip
         self.count, self.mean, self.m2 = 0, 0.0, 0.0  # Welford's running sums
 
-    def __call__(self, values: Sequence[float]) -> list[float]:
+    def __call__(self, values: Sequence[float], failed: Sequence[int] = ()) -> list[float]:
         out = list(values)
+        skipped = set(failed)
         if self.normalize and out:
-            for x in out:
-                self.count += 1
-                delta = x - self.mean
-                self.mean += delta / self.count
-                self.m2 += delta * (x - self.mean)
+            for row, x in enumerate(out):
+                if row not in skipped:
+                    self.count += 1
+                    delta = x - self.mean
+                    self.mean += delta / self.count
+                    self.m2 += delta * (x - self.mean)
             std = (self.m2 / self.count) ** 0.5 if self.count > 1 else 0.0
-            out = [(x - self.mean) / (std + 1e-8) for x in out]
+            out = [0.0 if row in skipped else (x - self.mean) / (std + 1e-8) for row, x in enumerate(out)]
         if self.clip is not None:
             out = [min(max(x, -self.clip), self.clip) for x in out]
         return out
@@ -187,14 +204,44 @@ class RunningNorm:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
+def learned_failure_line(source: str, row: int, value: RewardInput, reason: str) -> str:
+    """One line naming a row a reward model or server failed: the source (its key and value), the row,
+    the data row it answers (file and line), data_source, the reason, and what to do."""
+    origin = f"{value.where}, " if value.where else ""
+    return (f"{source}: row {row} ({origin}data_source {value.data_source}) was not scored: {reason}; fix it, or set "
+            "reward.on_error=zero to score such rows 0 (counted in reward/errors)")
+
+
+def _add_learned(scores: Scores, value: Any, failure: Optional[str], extras: Mapping[str, Any], on_error: str,
+                 source: str, rows: Sequence[RewardInput]) -> None:
+    """Append the next row of a learned part (`source`) to `scores`: `value` under `finite_score`
+    unless `failure` says why it has none (its request failed). A failed row raises RewardError under
+    on_error=raise, else scores 0.0 with no extras and is counted in `errors` and `failed`."""
+    row = len(scores.values)
+    if failure is None:
+        try:
+            scores.values.append(finite_score(value))
+            scores.extras.append(dict(extras))
+            return
+        except ValueError as e:
+            failure = f"it {e}"
+    if on_error != "zero":
+        raise RewardError(learned_failure_line(source, row, rows[row], failure))
+    scores.values.append(0.0)
+    scores.extras.append({})
+    scores.errors += 1
+    scores.failed.append(row)
+
+
 class RewardModelScorer:
     """A reward model's scores: rows dealt in contiguous shares over the replicas of its worker group
-    (`engine.reward_model.RewardModelEngine.score_texts`: each renders a row in its own template)."""
+    (`engine.reward_model.RewardModelEngine.score_texts`: each renders a row in its own template). A
+    NaN or inf a model returns (an overflow in its dtype, a broken head) fails its row."""
 
     accuracy = Accuracy()
 
-    def __init__(self, group: Any):
-        self.group = group
+    def __init__(self, group: Any, on_error: str = "raise", path: str = ""):
+        self.group, self.on_error, self.source = group, on_error, f"the reward model at reward.model.path={path}"
 
     def score(self, rows: Sequence[RewardInput]) -> Scores:
         from ppo_trainer.engine.reward_model import RewardModelEngine  # torch and transformers: with a reward model only
@@ -204,15 +251,27 @@ class RewardModelScorer:
         results = self.group.run_each(RewardModelEngine.score_texts, [([rows[i].messages for i in share],
                                                                        [rows[i].response for i in share])
                                                                       for share in shares])
-        return Scores([float(v) for result in results for v in result], [{} for _ in rows])
+        scores = Scores([], [])
+        for value in (v for result in results for v in result):
+            _add_learned(scores, value, None, {}, self.on_error, self.source, rows)
+        return scores
 
     def close(self) -> None:
         """The group is the trainer's, closed with the others."""
 
 
+def _extra(value: Any) -> Optional[float]:
+    """A server's extra for one row as a float when it is a finite number (a bool counts, as in a
+    function's extras), else None: null is missing, and text or a list has no mean to log."""
+    if isinstance(value, (bool, int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 class RemoteScorer:
-    """A reward server's scores (`rewards/remote.py`); a row whose request failed goes through
-    reward.on_error like a function's failed row."""
+    """A reward server's scores (`rewards/remote.py`); a row whose request failed, or whose value is
+    not a finite number (`finite_score`: NaN, Infinity, true, "0.5", null), goes through
+    reward.on_error like a function's failed row. Extras keep their finite numbers only."""
 
     accuracy = Accuracy()
 
@@ -224,19 +283,13 @@ class RemoteScorer:
                                     "labels": [r.ground_truth for r in rows],
                                     "data_sources": [r.data_source for r in rows],
                                     "extra_infos": [r.extra_info for r in rows], "messages": [r.messages for r in rows]})
+        source = f"the reward server at reward.remote.url={redact_url(self.client.url)}"
         scores = Scores([], [])
         for row, (reward, failure) in enumerate(zip(answer.rewards, answer.failures)):
-            if failure is None:
-                scores.values.append(reward)
-                scores.extras.append({name: values[row] for name, values in answer.extras.items()})
-                continue
-            if self.on_error != "zero":
-                raise RewardError(f"reward.remote.url: row {row} was not scored: {failure}; check the server, or set "
-                                  "reward.on_error=zero to score such rows 0")
-            scores.values.append(0.0)
-            scores.extras.append({})
-            scores.errors += 1
-            scores.timeouts += failure.timed_out
+            extras = {name: _extra(values[row]) for name, values in answer.extras.items()}
+            _add_learned(scores, reward, None if failure is None else str(failure),
+                         {k: v for k, v in extras.items() if v is not None}, self.on_error, source, rows)
+            scores.timeouts += int(failure is not None and failure.timed_out)
         return scores
 
     def close(self) -> None:
@@ -253,14 +306,31 @@ class Part:
     norm: RunningNorm
 
 
+class NonFiniteStatistics(RewardError):
+    """Running reward statistics that are not finite, found before a save would write them: the run
+    stops (exit 1) and the last checkpoint stays as it was."""
+
+
+def require_finite_scores(values: Sequence[float]) -> None:
+    """The guard before the advantages: RewardError naming the rows whose training score is not
+    finite (the scorers' rule makes them finite, so this is a bug to report, not a reward to fix)."""
+    bad = [row for row, value in enumerate(values) if not math.isfinite(value)]
+    if bad:
+        raise RewardError(f"the training scores of rows {', '.join(map(str, bad))} are not finite "
+                          f"({', '.join(str(values[row]) for row in bad)}) before the advantages; nothing was "
+                          "updated with them. Please report this with the reward configuration")
+
+
 class CombinedScorer:
     """The training score: reward.fn's score (if set) + reward.model.coef x the reward model's +
-    reward.remote.coef x the server's, the learned parts each normalised and clipped as configured.
-    Each row's extras gain the learned parts' raw scores under "model" and "remote" (names a
-    function's extras may not take). Validation accuracy follows the function, when there is one."""
+    reward.remote.coef x the server's, the learned parts each normalised and clipped as configured
+    (a failed row's part adds 0). Each scored row's extras gain the learned parts' raw scores under
+    "model" and "remote" (names a function's extras may not take). Validation accuracy follows the
+    function, when there is one. `fingerprint`: the reward's `reward_fingerprint`, saved with the
+    statistics so that a resume can tell a changed reward."""
 
-    def __init__(self, function: Optional[Scorer], parts: Sequence[Part]):
-        self.function, self.parts = function, list(parts)
+    def __init__(self, function: Optional[Scorer], parts: Sequence[Part], fingerprint: Optional[dict[str, Any]] = None):
+        self.function, self.parts, self.fingerprint = function, list(parts), fingerprint
         self.accuracy = function.accuracy if function is not None else Accuracy()
 
     def score(self, rows: Sequence[RewardInput]) -> Scores:
@@ -268,9 +338,10 @@ class CombinedScorer:
                                                                                    [{} for _ in rows])
         for part in self.parts:
             raw = part.scorer.score(rows)
-            for row, (value, extras) in enumerate(zip(part.norm(raw.values), raw.extras)):
+            for row, (value, extras) in enumerate(zip(part.norm(raw.values, raw.failed), raw.extras)):
                 total.values[row] += part.coef * value
-                total.extras[row] = {**total.extras[row], part.name: raw.values[row],
+                raw_score = {} if row in raw.failed else {part.name: raw.values[row]}
+                total.extras[row] = {**total.extras[row], **raw_score,
                                      **{f"{part.name}/{k}": v for k, v in extras.items()}}
             total.errors += raw.errors
             total.timeouts += raw.timeouts
@@ -284,6 +355,20 @@ class CombinedScorer:
     def state_dict(self) -> dict[str, Any]:
         return {part.name: part.norm.state_dict() for part in self.parts}
 
+    def saved_state(self, step: int, last_checkpoint: Callable[[], str]) -> dict[str, Any]:
+        """What the trainer state holds of the reward: {"reward_norm": `state_dict`, "reward_fingerprint"},
+        checked first: NonFiniteStatistics naming each statistic that is not finite, the step and
+        `last_checkpoint()` (a checkpoint holding them could not be resumed). Finite scores overflow
+        the statistics only when they are huge (around 1e154 and beyond)."""
+        state = self.state_dict()
+        bad = nonfinite_statistics(state)
+        if bad:
+            shown = ", ".join(f"{key} = {value}" for key, value in bad.items())
+            raise NonFiniteStatistics(f"step {step} was not saved: the running reward statistics {shown} are not "
+                                      "finite (scores this large overflow them); scale the reward down at its source; "
+                                      f"{last_checkpoint()}")
+        return {"reward_norm": state, "reward_fingerprint": self.fingerprint}
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for part in self.parts:
             if part.name in state:
@@ -295,17 +380,41 @@ class CombinedScorer:
                 scorer.close()
 
 
+def reward_fingerprint(cfg: Any) -> dict[str, Optional[str]]:
+    """What a resume compares to tell whether the reward changed since a checkpoint: reward.fn and
+    eval.reward_fn as their reference and the sha256 of their file's content (a module path: the
+    module's file), reward.model.path, and reward.remote.url with its credentials masked."""
+    return {"reward.fn": _function_fingerprint(cfg.reward.fn),
+            "eval.reward_fn": _function_fingerprint(cfg.eval.reward_fn), "reward.model.path": cfg.reward.model.path,
+            "reward.remote.url": redact_url(cfg.reward.remote.url) if cfg.reward.remote.url else None}
+
+
+def _function_fingerprint(ref: Optional[str]) -> Optional[str]:
+    """`ref` made absolute, with the first 16 hex digits of its file's sha256 when the file is found."""
+    if ref is None:
+        return None
+    target = ref.rpartition(":")[0]
+    try:
+        origin = (target if target.endswith(".py") or "/" in target
+                  else getattr(importlib.util.find_spec(target), "origin", None))
+        digest = hashlib.sha256(Path(origin).expanduser().read_bytes()).hexdigest()[:16] if origin else None
+    except (ImportError, ValueError, OSError):  # not found: building the scorer names the problem
+        digest = None
+    return f"{absolute_ref(ref)} (sha256 {digest})" if digest else absolute_ref(ref)
+
+
 def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: Any = None) -> CombinedScorer:
     """reward.fn's scorer (`build_scorer`, None without a function) with the reward model (its
-    worker group) and the reward server of `cfg.reward`, as configured."""
+    worker group) and the reward server of `cfg.reward`, as configured, and the reward's fingerprint."""
     r = cfg.reward
     parts = []
     if r.model.path:
-        parts.append(Part("model", RewardModelScorer(reward_model), r.model.coef, RunningNorm(r.model.normalize, r.model.clip)))
+        parts.append(Part("model", RewardModelScorer(reward_model, r.on_error, r.model.path), r.model.coef,
+                          RunningNorm(r.model.normalize, r.model.clip)))
     if r.remote.url:
         client = RemoteRewardClient(r.remote.url, token=bearer_token(r.remote.token), batch_size=r.remote.batch_size,
                                     concurrency=r.remote.concurrency, timeout_s=r.remote.timeout_s,
                                     retries=r.remote.retries, use_proxy=r.remote.use_proxy)
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
                           RunningNorm(r.remote.normalize, r.remote.clip)))
-    return CombinedScorer(function, parts)
+    return CombinedScorer(function, parts, reward_fingerprint(cfg))

@@ -2,15 +2,17 @@
 one its checkpoint was trained with, key by key: a key on `REFUSED` would make the checkpoint
 continue a different run and stops the start (exit 2) unless `trainer.resume_allow` names it; every
 other change is printed and applied (the engines set the config's optimizer values on the restored
-optimizer, the KL controller restarts from a changed `gae.kl_coef`)."""
+optimizer, the KL controller restarts from a changed `gae.kl_coef`). A changed reward is printed and
+restarts the normalisation of the parts it changes; statistics that are not finite are refused."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,6 +34,10 @@ REFUSED = (
 )
 NOT_COMPARED = ("trainer.output_dir", "trainer.resume", "trainer.resume_allow", "trainer.dry_run")
 KL_CONTROLLER_KEYS = ("gae.kl_coef", "gae.kl_ctrl")  # a change restarts the controller from gae.kl_coef
+# An entry of the reward's fingerprint (scoring.reward_fingerprint) -> the learned parts whose normalisation
+# statistics start over when it changes. A function's score is not normalised: its change resets nothing.
+REWARD_RESETS = {"reward.fn": (), "eval.reward_fn": (), "reward.model.path": ("model",),
+                 "reward.remote.url": ("remote",)}
 _ABSENT = object()
 
 Change = tuple[str, Any, Any]  # (dotted key, value at the checkpoint, value now)
@@ -138,3 +144,63 @@ def check_train_data(state: dict[str, Any], fingerprint: dict[str, Any], changes
         f"resume refused: the training prompts differ from those of step {state['step']} ({before['records']} -> "
         f"{fingerprint['records']} records){cause}, so the saved data position means other prompts. Use another "
         f"trainer.output_dir, trainer.resume=never, or accept it with trainer.resume_allow=[data]")
+
+
+def reset_reward_parts(state: dict[str, Any], fingerprint: Mapping[str, Any]) -> set[str]:
+    """The learned parts whose normalisation statistics start over (`REWARD_RESETS`): each entry of the
+    reward's fingerprint that differs from the checkpoint's is printed as `resume: the reward changed
+    since step N: KEY OLD -> NEW; ...`. A checkpoint written before checkpoints stored it: nothing."""
+    before = state.get("reward_fingerprint")
+    if before is None:
+        return set()
+    reset: set[str] = set()
+    for key, now in fingerprint.items():
+        if before.get(key) != now:
+            parts = REWARD_RESETS.get(key, ())
+            what = (f"the {' and '.join(parts)} score's normalisation statistics start over" if parts
+                    else "nothing to reset (a function's score is not normalised)")
+            log.info("resume: the reward changed since step %d: %s %s -> %s; %s", state["step"], key,
+                     _show(before.get(key)), _show(now), what)
+            reset |= set(parts)
+    return reset
+
+
+def nonfinite_statistics(reward_norm: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The reward normalisation statistics that are not finite numbers (JSON's NaN and Infinity
+    included), by their key in the trainer state: {"reward_norm.<part>.<name>": value}."""
+    return {f"reward_norm.{part}.{name}": value for part, stats in reward_norm.items() for name, value in stats.items()
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)}
+
+
+def restored_reward_norm(checkpoint: Path, state: dict[str, Any], fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """The checkpoint's reward normalisation statistics a resume restores: all but those of the parts
+    whose reward changed (`reset_reward_parts`). CheckpointError (exit 2, before any model loads) for a
+    restored statistic that is not finite, naming the file and key, with the ways out: the newest
+    earlier checkpoint whose statistics are finite, or deleting the part's entry from the file."""
+    from ppo_trainer.run.checkpoint import CheckpointError, complete_steps, step_dir
+
+    reset = reset_reward_parts(state, fingerprint)
+    kept = {part: stats for part, stats in state.get("reward_norm", {}).items() if part not in reset}
+    bad = nonfinite_statistics(kept)
+    if not bad:
+        return kept
+    file, step = checkpoint / "state" / "trainer.json", int(state["step"])
+    parts = sorted({key.split(".")[1] for key in bad})
+    output_dir = checkpoint.parent.parent
+    earlier = [s for s in complete_steps(output_dir) if s < step and _finite_at(step_dir(output_dir, s), parts)]
+    way = (f"Resume from step {earlier[-1]}, whose statistics are finite, with trainer.resume="
+           f"{step_dir(output_dir, earlier[-1])}" if earlier else "Start over with trainer.resume=never")
+    shown = ", ".join(f"{key} is {value}" for key, value in bad.items())
+    raise CheckpointError(
+        f"{file}: {shown}, not a finite number, so the reward normalisation of step {step} cannot continue. {way}; "
+        f"or keep this step and restart that normalisation from the next batch by deleting "
+        f"{' and '.join(repr(p) for p in parts)} from \"reward_norm\" in {file}")
+
+
+def _finite_at(checkpoint: Path, parts: Sequence[str]) -> bool:
+    """Whether a checkpoint's saved statistics of `parts` are finite (False where they cannot be read)."""
+    try:
+        saved = json.loads((checkpoint / "state" / "trainer.json").read_text())["reward_norm"]
+        return not nonfinite_statistics({part: stats for part, stats in saved.items() if part in parts})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
