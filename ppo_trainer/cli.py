@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ppo_trainer.config.composition import check_grid_sweep, compose
 from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
+from ppo_trainer.errors import InputError, RunError
 from ppo_trainer.config.validation import url_credentials_error, validate_static
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides
 from ppo_trainer.rewards.remote import TOKEN_ENV
@@ -109,30 +110,15 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
         _exit("ppo-train: config error", e, 2)
-    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
+    except (FileNotFoundError, InputError) as e:
         _exit("ppo-train: input error", e, 2)
-    except _loaded(_RUN_ERRORS) as e:
-        _exit("ppo-train: stopped", e, getattr(e, "exit_code", 1))
+    except RunError as e:
+        _exit("ppo-train: stopped", e, e.exit_code)
 
 
 def _exit(what: str, error: BaseException, code: int) -> NoReturn:
     print(f"{what}: {error}", file=sys.stderr)
     sys.exit(code)
-
-
-# Errors that explain themselves (row, role, rank, path): one line, no traceback; input errors exit 2.
-_INPUT_ERRORS = (("ppo_trainer.data", "DataError"), ("ppo_trainer.models.loading", "ModelPathError"),
-                 ("ppo_trainer.run.checkpoint", "CheckpointError"), ("ppo_trainer.run.folder", "OutputDirBusy"),
-                 ("ppo_trainer.workers.cluster.placement", "PlacementError"), ("ppo_trainer.workers.cluster.nodes", "ClusterMismatch"))
-_RUN_ERRORS = (("ppo_trainer.rewards.calling", "RewardError"), ("ppo_trainer.trainer", "NonFiniteError"),
-               ("ppo_trainer.trainer", "StoppedBySignal"),
-               ("ppo_trainer.workers.roles", "WorkerError"), ("ppo_trainer.run.checkpoint", "CheckpointSaveError"))
-
-
-def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
-    """The (module, name) classes of modules already imported: one never loaded cannot have raised."""
-    return tuple(getattr(sys.modules[module], name) for module, name in names
-                 if hasattr(sys.modules.get(module), name))
 
 
 def _remove_if_empty(folder: Path) -> None:
@@ -283,7 +269,7 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         run_eval(overrides)
     except ConfigError as e:
         _exit("ppo-eval: config error", e, 2)
-    except (FileNotFoundError, *_loaded(_INPUT_ERRORS)) as e:
+    except (FileNotFoundError, InputError) as e:
         _exit("ppo-eval: input error", e, 2)
 
 

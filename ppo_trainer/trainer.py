@@ -41,6 +41,7 @@ from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import Worker, WorkerError
+from ppo_trainer.errors import RunError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -441,11 +442,11 @@ class Trainer:
             group.shutdown()
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(RunError):
     """Too many updates in a row had a non-finite loss or gradient norm."""
 
 
-class StoppedBySignal(RuntimeError):
+class StoppedBySignal(RunError):
     """A signal stopped the workers before the step could be saved; exit 128 + the signal's number."""
 
     def __init__(self, message: str, signum: signal.Signals):

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
+from ppo_trainer.errors import InputError
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config problem the user must fix; the message is one line naming the key."""
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import arithmetic, digits
 from ppo_trainer.models.loading import hub_offline
+from ppo_trainer.errors import InputError
 
 logger = logging.getLogger("ppo_trainer")
 
@@ -32,7 +33,7 @@ Messages = list[dict[str, str]]  # chat turns [{"role", "content"}]
 Converted = list[tuple[str, str]]  # (where in the row, type name) of each value turned into text (`json_value`)
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """The data cannot be loaded as configured; the one-line message names the key, file or row."""
 
 

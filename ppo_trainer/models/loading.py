@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ppo_trainer.models import tiny
+from ppo_trainer.errors import InputError
 
 logger = logging.getLogger("ppo_trainer")
 
@@ -30,7 +31,7 @@ RANDOM_PREFIX = "random:"
 EMBEDDED_PREFIX = "embedded:"
 
 
-class ModelPathError(ValueError):
+class ModelPathError(InputError):
     """`model.path` cannot be resolved; the one-line message says what to do."""
 
 

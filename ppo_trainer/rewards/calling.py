@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from ppo_trainer.errors import RunError
 
 # verl's NaiveRewardManager passes these by keyword to compute_score (one row), its
 # BatchRewardManager their plurals (one batch); OpenRLHF calls reward_func(queries, prompts, labels).
@@ -39,7 +40,7 @@ class SignatureError(ValueError):
     """A function's parameters match no accepted signature; the message says why."""
 
 
-class RewardError(RuntimeError):
+class RewardError(RunError):
     """Scoring cannot go on: a row failed under reward.on_error=raise, or the reward workers cannot
     start. The run stops (exit 1) with this one-line message."""
 

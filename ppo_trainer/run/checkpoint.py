@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from ppo_trainer.errors import InputError, RunError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -42,11 +43,11 @@ MANIFESTS = "manifest"
 DRIVER_FILES = ("state/trainer.json", "state/rng.pt", "state/config.yaml")  # written by `save_trainer_state`
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A resume target that cannot be used; the message names the folder."""
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(RunError):
     """A step could not be committed (a part is missing); the message names the role and the path."""
 
 

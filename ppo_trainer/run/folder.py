@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.tracking import mask_secrets
+from ppo_trainer.errors import InputError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -28,7 +29,7 @@ RUN_FILES = ("checkpoints", "config.yaml", "metrics.jsonl", "samples.jsonl", "pl
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
-class OutputDirBusy(ValueError):
+class OutputDirBusy(InputError):
     """Another run holds the output folder; the message names it (pid, host, start time)."""
 
 

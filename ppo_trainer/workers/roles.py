@@ -23,6 +23,7 @@ from ppo_trainer.rollout import Sampler, build_sampler
 from ppo_trainer.workers.cluster.nodes import folder_problem, this_node
 from ppo_trainer.workers.cluster.placement import DISTRIBUTED_ROLES
 from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches, keep_freed_host_memory
+from ppo_trainer.errors import RunError
 
 
 def replica_seed(seed: int, replica: int) -> int:
@@ -80,7 +81,7 @@ def accelerator_backends() -> list[tuple[str, Any]]:
     return found
 
 
-class WorkerError(RuntimeError):
+class WorkerError(RunError):
     """A worker of a group failed or hung; the message names the role, the rank and its own error."""
 
 

