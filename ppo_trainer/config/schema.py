@@ -109,6 +109,9 @@ class GaeConfig:  # advantages and returns (GAE) and the KL penalty in the rewar
     kl_target: float = 6.0  # adaptive controller: target KL per sequence
     kl_horizon: int = 10000  # adaptive controller: horizon in sequences
     normalize_advantages: bool = True  # whiten the advantages over the batch's response tokens
+    # normalize_advantages also divides by the std; false: subtracts the mean only (OpenRLHF's
+    # --algo.advantage.no_std_norm), and needs normalize_advantages=true
+    advantage_std_scale: bool = True
 
 
 @dataclass

@@ -105,6 +105,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _in_interval(cfg, "(0, 1)", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high")
     _require(g.critic_lam is None or 0 <= g.critic_lam <= 1, "gae.critic_lam",
              f"must be in [0, 1], or null for gae.lam, got {g.critic_lam}")
+    _require(g.advantage_std_scale or g.normalize_advantages, "gae.advantage_std_scale",
+             "is false with gae.normalize_advantages=false: it only chooses how advantages are normalized; "
+             "set gae.normalize_advantages=true to subtract the mean only, or leave gae.advantage_std_scale true")
     _require(s.temperature > 0, "sampler.temperature", "must be > 0 (training samples; greedy is for eval)")
     for key in ("model.optim.betas", "critic.betas"):
         betas = OmegaConf.select(cfg, key)

@@ -7,12 +7,12 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ppo_trainer.core.gae import adaptive_lambda, compute_gae, token_rewards
-from ppo_trainer.core.masked import masked_mean, masked_whiten
+from ppo_trainer.core.masked import masked_center, masked_mean, masked_whiten
 from ppo_trainer.core.metrics import explained_variance
 
 
 class Advantages(NamedTuple):
-    advantages: torch.Tensor  # [B, T], whitened with gae.normalize_advantages
+    advantages: torch.Tensor  # [B, T], after ``normalize`` (gae.normalize_advantages, advantage_std_scale)
     returns: torch.Tensor  # [B, T], the critic's targets (never whitened)
     sequence_kl: float  # mean over sequences of the summed per-token KL: what the KL controller sees
     metrics: dict[str, float]
@@ -28,12 +28,26 @@ def lambdas(response_mask: torch.Tensor, gae: Any, step: int, critic_warmup: int
     return policy, critic
 
 
+def normalize(advantages: torch.Tensor, response_mask: torch.Tensor, gae: Any) -> torch.Tensor:
+    """[B, T] advantages as ``gae`` asks: whitened over the step's response tokens
+    (``normalize_advantages``), only centred there (``advantage_std_scale=false``: OpenRLHF's
+    ``no_std_norm``), or as GAE gave them. Centring removes the rewards' offset (else a batch of
+    all-positive advantages raises every sampled token); dividing by the std also fixes the
+    update's size whatever the rewards' scale, and so magnifies noise when they barely differ.
+    """
+    if not gae.normalize_advantages:
+        return advantages
+    if gae.advantage_std_scale:
+        return masked_whiten(advantages, response_mask)
+    return masked_center(advantages, response_mask)
+
+
 @torch.no_grad()
 def compute(
     scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
     response_mask: torch.Tensor, gae: Any, *, kl_coef: float, step: int, critic_warmup: int,
 ) -> Advantages:
-    """Token rewards (``ref_logprobs=None``: no KL), GAE with ``lambdas``, optional whitening;
+    """Token rewards (``ref_logprobs=None``: no KL), GAE with ``lambdas``, ``normalize``;
     ``gae``: the ``gae`` config section. At step 1 and the first step after the warm-up,
     critic/warmup_vf_explained_var_before / _after measure the critic on Monte Carlo returns.
     """
@@ -43,8 +57,7 @@ def compute(
     advantages, returns = compute_gae(rewards, values, mask, gae.gamma, lam)
     if gae.lam_mode == "adaptive" or critic_lam != lam:
         returns = compute_gae(rewards, values, mask, gae.gamma, critic_lam)[1]
-    if gae.normalize_advantages:
-        advantages = masked_whiten(advantages, mask)
+    advantages = normalize(advantages, mask, gae)
     metrics = {
         "critic/score/mean": scores.mean().item(),
         "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),

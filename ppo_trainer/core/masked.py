@@ -28,8 +28,14 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return centered.square().sum() / count.clamp(min=1)
 
 
+def masked_center(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` shifted to mean 0 over valid elements, not scaled; 0 where masked. Whitening without
+    the division by the std (OpenRLHF's ``no_std_norm``): advantages keep their size, so a batch
+    whose rewards barely differ is not blown up to unit variance."""
+    valid = mask.bool()
+    return torch.where(valid, x - masked_mean(x, valid), 0)
+
+
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``x`` shifted to mean 0 and scaled to unit variance over valid elements; 0 where masked."""
-    valid = mask.bool()
-    whitened = (x - masked_mean(x, valid)) * torch.rsqrt(masked_var(x, valid) + WHITEN_EPS)
-    return torch.where(valid, whitened, 0)
+    return masked_center(x, mask) * torch.rsqrt(masked_var(x, mask) + WHITEN_EPS)

@@ -97,6 +97,12 @@ def test_sampled_validation_needs_a_temperature_above_zero():
     assert compose(["eval.n=4"]).eval.temperature is None  # the sampler's temperature
 
 
+def test_mean_only_normalization_is_refused_when_normalization_is_off():
+    with pytest.raises(ConfigError, match="'gae.advantage_std_scale' is false with gae.normalize_advantages=false"):
+        compose(["gae.advantage_std_scale=false", "gae.normalize_advantages=false"])
+    assert compose(["gae.advantage_std_scale=false"]).gae.normalize_advantages is True
+
+
 def test_critic_path_defaults_to_none_meaning_the_actor_model():
     assert compose([]).critic.path is None
 

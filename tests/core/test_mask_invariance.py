@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from ppo_trainer.core.choices import AGG_MODES
 from ppo_trainer.core.gae import compute_gae, token_rewards
 from ppo_trainer.core.losses import aggregate, policy_loss, value_loss
-from ppo_trainer.core.masked import masked_whiten
+from ppo_trainer.core.masked import masked_center, masked_whiten
 from ppo_trainer.core.metrics import explained_variance
 
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -56,11 +56,12 @@ def test_masked_positions_never_affect_token_rewards(data, kind):
 
 @PROPERTY
 @given(masked_batches())
-def test_masked_positions_never_affect_whitening_or_explained_variance(data):
+def test_masked_positions_never_affect_whitening_centring_or_explained_variance(data):
     mask, clean, dirty = data
-    whitened = masked_whiten(clean["a"], mask)
-    assert torch.equal(whitened, masked_whiten(dirty["a"], mask))
-    assert not whitened[~mask].any()
+    for normalize in (masked_whiten, masked_center):
+        normalized = normalize(clean["a"], mask)
+        assert torch.equal(normalized, normalize(dirty["a"], mask))
+        assert not normalized[~mask].any()
     assert torch.equal(explained_variance(clean["a"], clean["b"], mask), explained_variance(dirty["a"], dirty["b"], mask))
 
 
