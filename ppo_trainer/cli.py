@@ -27,8 +27,9 @@ from ppo_trainer.config.validation import url_credentials_error, validate_static
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides
 from ppo_trainer.rewards.remote import TOKEN_ENV
 from ppo_trainer.run.folder import absolute_output_dir, exclusive, output_dir_problem
-from ppo_trainer.tracking import (engine_output_to_file, flatten, has_credentials, mask_secrets, set_engine_log_levels,
-                                  shown_path)
+from ppo_trainer.config.secrets import has_credentials, mask_secrets
+from ppo_trainer.console import engine_output_to_file, set_engine_log_levels, shown_path
+from ppo_trainer.tracking import flatten
 
 log = logging.getLogger("ppo_trainer")
 
@@ -223,7 +224,7 @@ def check_output_dir(overrides: list[str]) -> None:
 
 class MaskSecrets(Callback):
     """Hydra's own copies of the config (a sweep's multirun.yaml; .hydra/config.yaml of a job when
-    hydra.output_subdir is set) masked as ours are (`tracking.mask_secrets`): a token written in a
+    hydra.output_subdir is set) masked as ours are (`config.secrets.mask_secrets`): a token written in a
     config file stays in that file. Named in configs/ppo.yaml under hydra.callbacks."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -34,7 +34,7 @@ from ppo_trainer.rewards.math import EXTRACTORS, extract_strict
 from ppo_trainer.rewards.scoring import Scorer, build_scorer
 from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
 from ppo_trainer.rollout.base import prompts_to_batch
-from ppo_trainer.tracking import engine_output_to_file
+from ppo_trainer.console import engine_output_to_file
 from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches
 
 logger = logging.getLogger("ppo_trainer")

@@ -1,63 +1,21 @@
-"""Where metrics go (trainer.loggers, metrics.jsonl, samples.jsonl, plots.png), and engine.log."""
+"""Where metrics go: metrics.jsonl, samples.jsonl, the loggers of trainer.loggers (the console's
+progress in console.py), and plots.png."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
 import os
 import re
-import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TextIO
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Callable, Optional
 
+from ppo_trainer.config.secrets import mask_secrets
+from ppo_trainer.console import CONSOLE_COLUMNS, ConsoleProgress
 
-# The compact per-step console line: (metric, label, format).
-CONSOLE_COLUMNS = [
-    ("critic/score/mean", "score", "{:.3f}"),
-    ("val/accuracy", "val_acc", "{:.3f}"),
-    ("actor/reward_kl_penalty", "kl", "{:.4f}"),
-    ("critic/vf_loss", "vf_loss", "{:.4f}"),
-    ("critic/vf_explained_var", "ev", "{:.3f}"),
-    ("response_length/mean", "resp_len", "{:.1f}"),
-    ("timing_s/step", "step_s", "{:.1f}"),
-]
-PLOTTED = [key for key, _, _ in CONSOLE_COLUMNS if key != "timing_s/step"]
+PLOTTED = [key for key, _, _ in CONSOLE_COLUMNS if key != "timing_s/step"]  # plots.png: the console's columns
 _SOURCE_ACCURACY = re.compile(r"^val/(.+)/accuracy$")  # val/<data_source>/accuracy (the name may hold slashes)
-_SECRET = re.compile(r"(?i)(token|secret|password|api[_-]?key)")
-
-
-def mask_secrets(value: Any, key: str = "") -> Any:
-    """Replace values under keys that look like credentials with '***', and the credentials of any
-    URL (`redact_url`), in dicts and lists, recursively: what a run writes or prints of its config."""
-    if isinstance(value, dict):
-        return {k: mask_secrets(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [mask_secrets(v, key) for v in value]
-    if isinstance(value, str) and value and _SECRET.search(key) and not key.endswith(("_tokens", "_length")):
-        return "***"
-    return redact_url(value) if isinstance(value, str) else value
-
-
-def has_credentials(url: str) -> bool:
-    """Whether `url` carries userinfo (`user:password@` or `token@` before its host)."""
-    try:
-        return "@" in urlsplit(url).netloc
-    except ValueError:  # not a URL urllib can split (e.g. "http://[::1"): nothing to mask in it
-        return False
-
-
-def redact_url(url: str) -> str:
-    """`url` with the credentials of its userinfo shown as "***" (https://***@host/path): a URL may
-    carry a password, and error messages and saved configs name the URL. Other text is returned as is."""
-    if not has_credentials(url):
-        return url
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
@@ -68,85 +26,20 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
         os.replace(tmp, path)
 
 
-_console: Optional[TextIO] = None  # the terminal while engine_output_to_file is active
-
-
-def console_stream() -> TextIO:
-    """The terminal, also while descriptors 1 and 2 go into engine.log."""
-    return _console or sys.stdout
-
-
-# The engines' log levels (quiet, verbose), read when they are imported; a level the user set wins.
-ENGINE_LOG_LEVELS = {"TRANSFORMERS_VERBOSITY": ("error", "info"), "VLLM_LOGGING_LEVEL": ("WARNING", "INFO")}
-_user_set_levels: Optional[set[str]] = None
-
-
-def set_engine_log_levels(verbose: bool) -> None:
-    global _user_set_levels
-    if _user_set_levels is None:  # the first call sees the user's environment; later ones see ours
-        _user_set_levels = {var for var in ENGINE_LOG_LEVELS if var in os.environ}
-    os.environ.update({var: levels[verbose] for var, levels in ENGINE_LOG_LEVELS.items()
-                       if var not in _user_set_levels})
-
-
-@contextlib.contextmanager
-def engine_output_to_file(log_path: Path, verbose: bool = False) -> Iterator[None]:
-    """Set the engines' log levels (`set_engine_log_levels`) and append descriptors 1 and 2 (not sys.stdout: C++ warnings and child processes inherit them) to
-    `log_path`; `console_stream` and the "ppo_trainer" logger stay on the terminal. An empty log is removed."""
-    global _console
-    set_engine_log_levels(verbose)
-    if verbose:
-        yield
-        return
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    terminal, terminal_err = (os.fdopen(os.dup(fd), "w", buffering=1) for fd in (1, 2))  # restored at the end
-    handler = logging.StreamHandler(terminal_err)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for fd in (1, 2):
-        os.dup2(log_fd, fd)
-    os.close(log_fd)
-    logging.getLogger("ppo_trainer").addHandler(handler)
-    _console = terminal
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        _console = None
-        logging.getLogger("ppo_trainer").removeHandler(handler)
-        for fd, stream in zip((1, 2), (terminal, terminal_err)):
-            os.dup2(stream.fileno(), fd)
-            stream.close()
-        if log_path.is_file() and log_path.stat().st_size == 0:
-            log_path.unlink()
-
-
 class Tracker:
     """Fans one step's metrics out to the configured sinks."""
 
     def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, start_step: int,
                  config: dict[str, Any], run_name: str):
         self.output_dir = output_dir
-        self.total_steps = total_steps
         self.metrics_path = output_dir / "metrics.jsonl"
         self.samples_path = output_dir / "samples.jsonl"
         truncate_jsonl(self.metrics_path, start_step)
         truncate_jsonl(self.samples_path, start_step)
-        self._progress: Any = None
-        if "console" in loggers:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
-            self._progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
-                                      redirect_stdout=False, redirect_stderr=False)
-            self._task = self._progress.add_task("steps", total=total_steps, completed=start_step)
-            self._progress.start()
         self._sinks: list[tuple[Callable[[int, dict[str, float]], None], Callable[[], None]]] = []  # (log, close)
+        if "console" in loggers:
+            progress = ConsoleProgress(total_steps, start_step)
+            self._sinks.append((progress.log, progress.close))
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -171,13 +64,6 @@ class Tracker:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        if self._progress is not None:
-            columns = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in CONSOLE_COLUMNS
-                       if metrics.get(key) is not None]
-            self._progress.console.print("  ".join([f"step {step}/{self.total_steps}", *columns]), soft_wrap=True)
-            if (line := validation_line(metrics)) is not None:
-                self._progress.console.print(line, soft_wrap=True)
-            self._progress.update(self._task, completed=step)
         for log, _ in self._sinks:
             log(step, metrics)
 
@@ -186,8 +72,6 @@ class Tracker:
             f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
         for _, close in self._sinks:
             close()
         records = read_jsonl(self.metrics_path)
@@ -208,17 +92,6 @@ def source_accuracy_keys(records: list[dict[str, Any]]) -> dict[str, str]:
     return {match.group(1): match.group(0) for match in found if match}
 
 
-def validation_line(metrics: dict[str, float]) -> Optional[str]:
-    """The second console line of a step that validated several data_sources or sampled several
-    responses per prompt: each val/<data_source>/accuracy and every .../accuracy/pass@n; None else."""
-    shown = [key for key in metrics if key != "val/accuracy" and key.startswith("val/")
-             and (key.endswith("/accuracy") or "/accuracy/pass@" in key)]
-    per_source = [key for key in shown if key.endswith("/accuracy")]
-    if len(per_source) < 2 and len(shown) == len(per_source):
-        return None
-    return "  " + "  ".join(f"{key} {metrics[key]:.3f}" for key in shown)
-
-
 def wandb_run_id(output_dir: Path) -> str:
     """The W&B run id of this output folder: made at its first start and saved in it, so a resume logs
     into the same run and another folder (another machine with the same path too) into its own."""
@@ -228,53 +101,6 @@ def wandb_run_id(output_dir: Path) -> str:
         tmp.write_text(uuid.uuid4().hex[:16] + "\n")
         os.replace(tmp, path)
     return path.read_text().strip()
-
-
-StepValue = tuple[Optional[int], Optional[float]]  # (step, value) of the objective, or (None, None)
-
-
-def run_summary(output_dir: Path, *, steps: tuple[int, int, int], seconds: float, objective_name: str,
-                final: StepValue, best: StepValue, best_dir: Optional[Path], last_dir: Optional[Path],
-                stopped_by: Optional[str] = None) -> str:
-    """The block printed when a run ends or a signal stops it after saving.
-    steps: (first step of this invocation, last step done, trainer.total_steps)."""
-    first, done, total = steps
-    if stopped_by is not None:
-        head = f"run stopped by {stopped_by} after step {done} of {total}; rerun the same command to continue"
-    elif done < total:
-        head = f"run paused after step {done} of {total} (trainer.stop_after_steps); rerun the same command to continue"
-    else:
-        head = f"run finished: {done} of {total} steps"
-
-    def value(step_value: StepValue) -> str:
-        step, number = step_value
-        return "n/a" if step is None else f"{number:.4g} (step {step})"
-
-    plots = output_dir / "plots.png"
-    lines = [
-        head,
-        f"  steps this run:   {first} -> {done} in {_duration(seconds)}",
-        f"  objective:        {objective_name} final {value(final)}, best {value(best)}",
-        f"  best checkpoint:  {shown_path(best_dir) if best_dir is not None else 'none (no validation improved it yet)'}",
-        f"  last checkpoint:  {shown_path(last_dir) if last_dir is not None else 'none'}",
-        f"  plots:            {shown_path(plots) if plots.is_file() else 'not written (needs matplotlib)'}",
-    ]
-    if best_dir is not None or last_dir is not None:
-        which = "best" if best_dir is not None else "last"
-        lines.append(f"  evaluate {which}:    ppo-eval model.path={shown_path(best_dir or last_dir)}")
-    return "\n".join(lines)
-
-
-def shown_path(path: Path) -> str:
-    """`path` relative to the working folder when it lies inside it (what the user typed), else absolute."""
-    relative = os.path.relpath(path)
-    return str(path) if relative.startswith("..") else relative
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

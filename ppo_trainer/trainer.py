@@ -35,7 +35,8 @@ from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import (CombinedScorer, Scorer, build_scorer, build_training_scorer,
                                          require_finite_scores, reward_fingerprint, reward_metrics)
 from ppo_trainer.rollout import Sampler
-from ppo_trainer.tracking import Tracker, console_stream, run_summary, shown_path
+from ppo_trainer.console import console_stream, run_summary, shown_path
+from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker

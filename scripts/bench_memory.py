@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from ppo_trainer.tracking import console_stream
+from ppo_trainer.console import console_stream
 
 GIB = 2**30
 

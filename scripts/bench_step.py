@@ -273,7 +273,7 @@ def main() -> None:
     shape = PRESETS[args.preset]
 
     from ppo_trainer.config.derived import uses_reference
-    from ppo_trainer.tracking import console_stream, engine_output_to_file
+    from ppo_trainer.console import console_stream, engine_output_to_file
     from ppo_trainer.dtypes import resolve_dtype
 
     dtype = resolve_dtype(args.dtype, args.device)

@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("workers", ("workers",)),
     ("engines, samplers, rewards, data", ("engine", "rollout", "rewards", "data")),
     ("models", ("models",)),
-    ("shared", ("config", "run", "batch", "dtypes", "tracking", "errors")),
+    ("shared", ("config", "run", "batch", "dtypes", "tracking", "console", "errors")),
     ("core", ("core",)),
 )
 

@@ -14,7 +14,7 @@ from ppo_trainer.config.schema import ConfigError, PPOConfig, RewardConfig
 from ppo_trainer.core import choices
 from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.config.overrides import check_key, unknown_key_error
-from ppo_trainer.tracking import has_credentials, redact_url
+from ppo_trainer.config.secrets import has_credentials, redact_url
 
 
 def _require(ok: bool, key: str, message: str) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 from urllib.parse import urlsplit
 
-from ppo_trainer.tracking import redact_url
+from ppo_trainer.config.secrets import redact_url
 
 REQUEST_KEYS = ("query", "prompts", "labels", "data_sources", "extra_infos", "messages")
 TOKEN_ENV = "PPO_REWARD_TOKEN"

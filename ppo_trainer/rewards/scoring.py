@@ -24,7 +24,7 @@ from ppo_trainer.rewards.loader import given_options, resolve, start_workers
 from ppo_trainer.rewards.pool import WorkerPool
 from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
 from ppo_trainer.run.resume import nonfinite_statistics
-from ppo_trainer.tracking import redact_url
+from ppo_trainer.config.secrets import redact_url
 
 
 @dataclass

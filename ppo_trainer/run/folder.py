@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.tracking import mask_secrets
+from ppo_trainer.config.secrets import mask_secrets
 from ppo_trainer.errors import InputError
 
 log = logging.getLogger("ppo_trainer")
@@ -156,7 +156,7 @@ def move_previous_run(output_dir: Path) -> Optional[Path]:
 
 def resolved_config(cfg: DictConfig) -> DictConfig:
     """The config as a run records it (config.yaml, each checkpoint): values of secret-looking keys
-    and the credentials of URLs masked (`tracking.mask_secrets`)."""
+    and the credentials of URLs masked (`config.secrets.mask_secrets`)."""
     return OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))
 
 

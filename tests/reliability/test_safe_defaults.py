@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ppo_trainer.config.composition import compose
 from ppo_trainer.plan.dry_run import describe_plan
-from ppo_trainer.tracking import mask_secrets
+from ppo_trainer.config.secrets import mask_secrets
 
 
 def test_remote_code_is_off_by_default():

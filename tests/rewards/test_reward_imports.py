@@ -5,7 +5,6 @@ raised during a call, it fails that row, and the driver or worker goes on."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ppo_trainer.cli import train_main
-from ppo_trainer.tracking import engine_output_to_file
+from ppo_trainer.console import engine_output_to_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_CHATTER = """
 import logging, os, subprocess, sys, warnings
 from pathlib import Path
-from ppo_trainer.tracking import console_stream, engine_output_to_file
+from ppo_trainer.console import console_stream, engine_output_to_file
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 with engine_output_to_file(Path(sys.argv[1])):
     os.write(2, b"C++ warning on fd 2\\n")  # what torch and oneDNN print, below Python

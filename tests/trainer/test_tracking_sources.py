@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ppo_trainer.tracking as tracking
-from ppo_trainer.tracking import Tracker, source_accuracy_keys, validation_line
+from ppo_trainer.console import validation_line
+from ppo_trainer.tracking import Tracker, source_accuracy_keys
 
 TWO_SOURCES = {"critic/score/mean": 0.25, "val/accuracy": 0.5, "val/score/mean": 0.5,
                "val/arithmetic/accuracy": 0.75, "val/arithmetic/score/mean": 0.75,
