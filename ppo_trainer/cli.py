@@ -10,13 +10,15 @@ the config Hydra writes (docs/rewards.md)."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, MutableMapping, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, MutableMapping, NoReturn, Optional
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -30,6 +32,9 @@ from ppo_trainer.run.folder import absolute_output_dir, exclusive, output_dir_pr
 from ppo_trainer.config.secrets import has_credentials, mask_secrets
 from ppo_trainer.console import engine_output_to_file, set_engine_log_levels, shown_path
 from ppo_trainer.tracking import flatten
+
+if TYPE_CHECKING:
+    from ppo_trainer.rewards.scoring import Scorer
 
 log = logging.getLogger("ppo_trainer")
 
@@ -265,13 +270,130 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         if "=" not in arg:
             parser.error(f"'{arg}' is not a key=value override")
     try:
-        from ppo_trainer.evaluate import run_eval
-
         run_eval(overrides)
     except ConfigError as e:
         _exit("ppo-eval: config error", e, 2)
     except (FileNotFoundError, InputError) as e:
         _exit("ppo-eval: input error", e, 2)
+
+
+# --- ppo-eval
+
+
+def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Optional[int]]:
+    """(model folder, the run's config file or None, checkpoint step or None) of a ppo-eval model.path:
+    a model, or a checkpoint (`run.checkpoint.checkpoint_target`); a LoRA adapter is merged into its
+    base (the run's model.path, else the adapter's own base) under `scratch`."""
+    from ppo_trainer.models.export import merge_adapter
+    from ppo_trainer.models.loading import ModelPathError, resolve_model_path
+    from ppo_trainer.run.checkpoint import checkpoint_target
+
+    target = checkpoint_target(path)
+    model, run_config, step = target if target is not None else (Path(path).expanduser(), None, None)
+    if (model / "adapter_config.json").is_file():
+        base = (OmegaConf.load(run_config).model.path if run_config is not None
+                else json.loads((model / "adapter_config.json").read_text()).get("base_model_name_or_path"))
+        log.info("eval: applying the LoRA adapter %s to its base %s", model, base)
+        return merge_adapter(model, resolve_model_path(base), scratch), run_config, step
+    if target is None:
+        return resolve_model_path(path), None, None
+    if not (model / "config.json").is_file():
+        raise ModelPathError(f"model.path='{path}': {model} holds neither a model (config.json) nor a LoRA adapter")
+    return model, run_config, step
+
+
+def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The `model.path` values of the overrides (one, or a list `[A,B]`) and the other overrides."""
+    paths: list[str] = []
+    for override in (o for o in overrides if o.partition("=")[0] == "model.path"):
+        value = OverridesParser.create().parse_overrides([override])[0].value()
+        paths = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return paths, [o for o in overrides if o.partition("=")[0] != "model.path"]
+
+
+def validation_scorer(cfg: Any) -> Scorer:
+    """ppo-eval's scorer: eval.reward_fn, else reward.fn (a run trained on a reward model or server
+    alone is evaluated by the function its command line names)."""
+    from ppo_trainer.rewards.scoring import build_scorer
+
+    key = "eval.reward_fn" if cfg.eval.reward_fn else "reward.fn"
+    scorer = build_scorer(OmegaConf.merge(cfg.reward, {"fn": OmegaConf.select(cfg, key)}), key)
+    if scorer is None:
+        raise ConfigError("ppo-eval scores with a reward function, and neither eval.reward_fn nor reward.fn names one "
+                          "(the run was trained on a reward model or server): pass eval.reward_fn=module:function")
+    return scorer
+
+
+def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
+    """`ppo-eval`: every `model.path` of `overrides` on the same problems, responses written to
+    `eval.output_file` (default eval.jsonl in the current folder). A run's checkpoint uses the
+    run's config under the overrides (`eval_config`) and its sampler; any other model vLLM if installed,
+    else HF. eval.n samples per prompt seeded as the run's validation of the checkpoint's step.
+    Each result is `evaluate_records`' plus `model`, `step`, `temperature` (None: greedy) and `seconds`."""
+    import dataclasses
+    import gc
+    import tempfile
+    import time
+    from contextlib import closing
+
+    from ppo_trainer.config.composition import compose
+    from ppo_trainer.config.trust import eval_config
+    from ppo_trainer.data import load_prompts
+    from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results,
+                                      validation_seed)
+    from ppo_trainer.models.loading import load_tokenizer
+    from ppo_trainer.rewards.loader import answer_check
+    from ppo_trainer.rewards.math import EXTRACTORS
+    from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
+    from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches
+
+    paths, rest = model_paths(overrides)
+    composed = compose(rest)
+    paths = paths or [composed.model.path]  # the model of an experiment, or the default
+    with tempfile.TemporaryDirectory(prefix="ppo-eval-") as scratch:
+        targets = [resolve_target(p, Path(scratch)) for p in paths]
+        run_config = next((config for _, config, _ in targets if config is not None), None)
+        cfg = eval_config(composed, rest, run_config)
+        if run_config is not None:
+            log.info("eval: data, prompts, reward and sampler of the run (%s)", run_config)
+        name = cfg.sampler.name if run_config is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
+        sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
+                                          max_new_tokens=cfg.eval.max_new_tokens)
+        default_file = Path(cfg.eval.output_file or "eval.jsonl")  # the current folder, also for a run's checkpoint
+        n = cfg.eval.n
+        temperature = eval_temperature(cfg.eval.temperature, n, cfg.sampler.temperature)
+        sampling = {"greedy": True} if temperature is None else {"temperature": temperature}
+        decoding = "greedy decoding" if temperature is None else f"{n} samples per prompt at temperature {temperature}"
+        results = []
+        bound_cpu_kernel_caches()  # as a trainer's workers do: greedy batches shrink step by step (new shapes)
+        # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
+        # the reward workers too (they start here, and write where the driver writes)
+        with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose), \
+                closing(validation_scorer(cfg)) as scorer:
+            for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
+                numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
+                output_file = default_file if len(targets) == 1 else numbered
+                tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
+                loaded = load_prompts(cfg.data, tokenizer, "val", check_answer=answer_check(cfg, "val"))
+                records = first_per_source(loaded, cfg.eval.limit)
+                log.info("eval: %s with %s", decoding, "vLLM" if name == "vllm" else "Hugging Face generate")
+                sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
+                                        max_prompt_length=max(len(r.prompt_ids) for r in records),
+                                        trust_remote_code=cfg.model.trust_remote_code)
+                start = time.perf_counter()
+                try:
+                    result = evaluate_records(lambda batch, seed: sampler.generate(batch, n, seed=seed, **sampling),
+                                              records, scorer, pad_id=tokenizer.pad_token_id, n=n,
+                                              seed=validation_seed(cfg.trainer.seed, step or 0),
+                                              batch_size=cfg.eval.batch_size, extract=EXTRACTORS[cfg.reward.mode],
+                                              output_file=output_file)
+                finally:
+                    sampler = None  # dropped (the lambda above holds the name, not the engine)
+                    gc.collect()  # the next model's engine gets the memory
+                results.append({"model": path, "step": step, **result, "temperature": temperature,
+                                "seconds": time.perf_counter() - start})
+    print(format_results(results, cfg.reward.mode))
+    return results
 
 
 def _quiet_third_party_logs(console: bool = True) -> None:

@@ -36,3 +36,20 @@ def save_hf_weights(folder: Path, config: Any, state: dict[str, torch.Tensor], d
     config.save_pretrained(folder)
     tensors = {**safetensors_ready(state, dtype), **safetensors_ready(keep_dtype or {})}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def merge_adapter(adapter: Path, base_dir: Path, scratch: Path) -> Path:
+    """The LoRA adapter folder `adapter` merged into its base model (the folder `base_dir`), saved with
+    its tokenizer as a model folder under `scratch`; returns it."""
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
+                                      str(adapter)).merge_and_unload()
+    out = Path(tempfile.mkdtemp(prefix="merged-", dir=scratch))
+    model.save_pretrained(out)
+    tokenizer_dir = adapter if (adapter / "tokenizer_config.json").is_file() else base_dir
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out

@@ -97,13 +97,6 @@ def _is_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target
 
 
-def is_builtin(ref: str) -> bool:
-    """Whether `ref` names a function of this package by module path (not a file that could lie
-    anywhere, e.g. "ppo_trainer.x/../../evil.py:f")."""
-    target = ref.rpartition(":")[0]
-    return not _is_path(target) and (target == "ppo_trainer" or target.startswith("ppo_trainer."))
-
-
 def absolute_ref(ref: str) -> str:
     """`ref` with a file path made absolute (against the working folder); a module path as it is."""
     target, sep, name = ref.rpartition(":")

@@ -319,3 +319,32 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def checkpoint_target(path: str) -> Optional[tuple[Path, Optional[Path], int]]:
+    """(the actor folder to evaluate, the config file its run trained with or None, the step) when
+    `path` names a checkpoint: a pointer file (checkpoints/latest, checkpoints/best), a run folder
+    (its latest checkpoint), a `global_step_N` folder (its merged LoRA export, else its actor) or a
+    folder inside one; None for anything else (a model). The config is the one the checkpoint was
+    trained with (state/config.yaml), else the run's config.yaml. CheckpointError for a run folder
+    without a checkpoint."""
+    local = Path(path).expanduser()
+    actor: Optional[Path] = None
+    if local.is_file() and local.parent.name == "checkpoints":  # checkpoints/latest or checkpoints/best
+        step_folder = read_pointer(local)
+    elif local.is_dir() and (local / "checkpoints").is_dir() and not (local / "config.json").is_file():
+        step_folder = latest_checkpoint(local)
+        if step_folder is None:
+            raise CheckpointError(f"model.path='{path}': the run holds no checkpoint yet")
+    elif local.is_dir() and STEP_DIR.match(local.name):
+        step_folder = local
+    elif local.is_dir() and STEP_DIR.match(local.parent.name):
+        step_folder, actor = local.parent, local
+    else:
+        return None
+    run_config = next((c for c in (step_folder / "state" / "config.yaml", step_folder.parent.parent / "config.yaml")
+                       if c.is_file()), None)
+    if actor is None:
+        merged = step_folder / "actor_merged"
+        actor = merged if (merged / "config.json").is_file() else step_folder / "actor"
+    return actor, run_config, int(STEP_DIR.match(step_folder.name).group(1))

@@ -13,7 +13,8 @@ import pytest
 from ppo_trainer.batch import Batch
 from ppo_trainer.data.datasets import PromptRecord
 from ppo_trainer.config.schema import ConfigError
-from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results, run_eval,
+from ppo_trainer.cli import run_eval
+from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results,
                                   validation_metrics, validation_seed, wilson_interval)
 from ppo_trainer.rewards import math as math_reward
 from ppo_trainer.rewards.calling import Calling
@@ -249,7 +250,7 @@ def test_a_run_folder_without_checkpoints_is_an_input_error(tmp_path, capsys):
 
 
 def test_experiment_with_a_checkpoint_is_a_config_error(tmp_path):
-    from ppo_trainer.evaluate import eval_config
+    from ppo_trainer.config.trust import eval_config
 
     (tmp_path / "config.yaml").write_text("model: {}\n")
     with pytest.raises(ConfigError, match=r"\+experiment"):
@@ -270,7 +271,7 @@ def test_scripted_sampler_sees_unpadded_prompts():
 
 
 def test_run_eval_sends_the_engines_output_to_engine_log(tiny_model_dir, tmp_path, monkeypatch, capfd):
-    import ppo_trainer.evaluate as evaluate_module
+    import ppo_trainer.rollout as rollout_module
     import ppo_trainer.rollout.vllm as vllm_module
 
     def chatty_sampler(*args, **kwargs):  # an engine that writes to the process's descriptors, as vLLM does
@@ -278,7 +279,7 @@ def test_run_eval_sends_the_engines_output_to_engine_log(tiny_model_dir, tmp_pat
         return ScriptedSampler(["#### 0"] * 3)
 
     monkeypatch.setattr(vllm_module, "check_vllm_available", lambda: "vLLM is not installed")
-    monkeypatch.setattr(evaluate_module, "build_sampler", chatty_sampler)
+    monkeypatch.setattr(rollout_module, "build_sampler", chatty_sampler)
     run_eval([f"model.path={tiny_model_dir}", "model.dtype=float32", "eval.limit=3",
               f"eval.output_file={tmp_path / 'eval.jsonl'}"])
     console = capfd.readouterr()

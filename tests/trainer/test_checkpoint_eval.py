@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ppo_trainer.config.composition import compose
-from ppo_trainer.evaluate import run_eval
+from ppo_trainer.cli import run_eval
 from ppo_trainer.trainer import run_training
 
 REWARD_MODULE = "checkpoint_eval_hash_reward"
