@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.run import checkpoint, folder as run_folder, resume
+from ppo_trainer.run import checkpoint, folder as run_folder, resume, trainer_state
 from ppo_trainer.batch import Batch
 from ppo_trainer.core import advantages
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
@@ -24,7 +24,6 @@ from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
-from ppo_trainer.dtypes import resolve_dtype
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
@@ -33,13 +32,11 @@ from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.loader import answer_check
 from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import (CombinedScorer, Scorer, build_scorer, build_training_scorer,
-                                         require_finite_scores, reward_fingerprint, reward_metrics)
+                                         require_finite_scores, reward_metrics)
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.console import console_stream, run_summary, shown_path
 from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
-from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import Worker, WorkerError
 from ppo_trainer.errors import RunError
@@ -76,7 +73,7 @@ class Trainer:
         self.pad_id = pad_id
         self.val_records = val_records
         self.output_dir = Path(cfg.trainer.output_dir)
-        self.loader = prompt_loader(cfg, train_records)
+        self.loader = PromptLoader.from_config(cfg, train_records)
         self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
         # training's (reward.fn and the learned rewards) and validation's (eval.reward_fn, else reward.fn)
         self.scorer, self.val_scorer = scorers or scorers_of(cfg, groups)
@@ -98,31 +95,15 @@ class Trainer:
         from ppo_trainer.workers.group import build_groups
 
         output_dir = Path(cfg.trainer.output_dir)
-        if cfg.trainer.resume == "never":
-            run_folder.move_previous_run(output_dir)
-        resume_from = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
-        changes: list[resume.Change] = []
-        if resume_from is None and cfg.trainer.resume == "auto":
-            resume.check_unsaved_run(output_dir, cfg)
-        if resume_from is not None:
-            state, rng = checkpoint.load_trainer_state(resume_from / "state")
-            changes = resume.check_config(resume_from, checkpoint.saved_config(resume_from), state,
-                                          run_folder.resolved_config(cfg))
-            resume.check_dtypes(state, resolved_dtypes(cfg))
-            state["reward_norm"] = resume.restored_reward_norm(resume_from, state, reward_fingerprint(cfg))
+        resumed = trainer_state.prepare_resume(cfg, output_dir)
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         if cfg.critic.path:
             check_critic_vocabulary(cfg.critic.path, tokenizer)
         answers = uses_ground_truth(cfg)  # an RLHF dataset without answers trains on a reward model or server
         train_records = load_prompts(cfg.data, tokenizer, "train", answers, answer_check(cfg, "train"))
         val_records = load_prompts(cfg.data, tokenizer, "val", answers, answer_check(cfg, "val"))
-        if resume_from is not None:
-            resume.check_train_data(state, resume.data_fingerprint(train_records), changes, cfg)
-            try:  # the saved position must fit the prompts (trainer.resume_allow may have let them change)
-                prompt_loader(cfg, train_records).load_state_dict(state["loader"])
-            except ValueError as e:
-                raise checkpoint.CheckpointError(f"{resume_from}: the saved data position does not fit the training "
-                                                 f"prompts ({e}); start over with trainer.resume=never") from None
+        if resumed is not None:
+            trainer_state.check_resumed_data(resumed, train_records, cfg)
         functions = function_scorers(cfg)  # a bad reward.fn or signature fails here, before the models load
         try:
             run_folder.write_config(output_dir, cfg)
@@ -134,8 +115,8 @@ class Trainer:
             raise
         trainer = cls(cfg, groups, tokenizer.pad_token_id, train_records, val_records,
                       scorers_of(cfg, groups, functions))
-        if resume_from is not None:
-            trainer.load(resume_from, state, rng, restore_kl=resume.restores_kl_controller(changes))
+        if resumed is not None:
+            trainer_state.load(trainer, resumed)
         return trainer
 
     def fit(self) -> Optional[float]:
@@ -167,7 +148,7 @@ class Trainer:
                 best = bool(validated) and self.record_best(metrics.get(t.objective))
                 stopping = self._stop_requested is not None or self.step == last
                 if best or stopping or (t.save_every and self.step % t.save_every == 0):
-                    self.save(best=best)
+                    trainer_state.save(self, best=best)
                 if self._stop_requested is not None:
                     log.warning("%s received: saved step %d; rerun the same command to continue",
                                 self._stop_requested, self.step)
@@ -376,58 +357,6 @@ class Trainer:
                                       batch_size=e.batch_size, extract=EXTRACTORS[r.mode], output_file=output_file)
         return validation_metrics(result)
 
-    def save(self, best: bool = False) -> Path:
-        """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
-        with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step; a
-        worker that does not see the staged folder (its marker) stops the save before anything is written."""
-        reward = self.scorer.saved_state(self.step, self.last_checkpoint_line)  # finite, or nothing is written
-        try:
-            staging = checkpoint.begin(self.output_dir, self.step)
-            marker = write_marker(staging)
-            self.actor.run_all(Worker.save, str(staging), marker)
-            self.critic.run_all(Worker.save, str(staging), marker)
-            remove_marker(staging)
-            state = {"step": self.step, "loader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                     "nonfinite_streak": self.nonfinite_streak, "model_path": self.cfg.model.path, "best": self.best,
-                     "dtypes": resolved_dtypes(self.cfg), "train_data": self.train_data, **reward}
-            workers = {role: group.run_all(Worker.rng_state) for role, group in self.groups.items()}
-            checkpoint.save_trainer_state(staging / "state", state,
-                                          {"torch": torch.get_rng_state(), "workers": workers},
-                                          run_folder.resolved_config(self.cfg))
-            folder = checkpoint.commit(self.output_dir, self.step, self.cfg.trainer.keep_last,
-                                       parts={"actor": len(self.actor), "critic": len(self.critic)}, best=best)
-        except OSError as e:
-            raise checkpoint.CheckpointSaveError(f"saving step {self.step} failed ({e}); free the disk or fix the "
-                                                 f"folder: {self.last_checkpoint_line()}") from e
-        log.info("saved %s", shown_path(folder))
-        return folder
-
-    def load(self, folder: Path, state: dict[str, Any], rng: dict[str, Any], restore_kl: bool = True) -> None:
-        """Continue exactly from a checkpoint folder (`state`, `rng`: its checked trainer state). The
-        engines keep the config's optimizer values; `restore_kl=False` (gae.kl_coef or kl_ctrl changed):
-        the KL controller starts from the config's coefficient."""
-        self.actor.run_all(Worker.load, str(folder))
-        self.critic.run_all(Worker.load, str(folder))
-        self.loader.load_state_dict(state["loader"])
-        if restore_kl:
-            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.nonfinite_streak.update(state.get("nonfinite_streak", {}))
-        self.scorer.load_state_dict(state.get("reward_norm", {}))
-        for role, group in self.groups.items():  # after the loads: building and loading draw numbers too
-            saved = rng.get("workers", {}).get(role)
-            if saved is not None and len(saved) == len(group):
-                group.run_each(Worker.set_rng_state, [(s,) for s in saved])
-            else:
-                log.warning("%s: no RNG state for %d replicas in the checkpoint; the resume is not bit-exact",
-                            role, len(group))
-        torch.set_rng_state(rng["torch"])
-        self.step = int(state["step"])
-        self.best = state.get("best")  # absent in checkpoints written before checkpoints/best existed
-        if self.best is not None and checkpoint.step_dir(self.output_dir, self.best["step"]).is_dir():
-            checkpoint.write_pointer(self.output_dir, "best", self.best["step"])
-        self.sync_rollout_weights()
-        log.info("resumed from %s (step %d)", shown_path(folder), self.step)
-
     def close(self) -> None:
         """Release the workers. After a stop by a signal a Ray cluster may be going down with the run
         (a scheduler signals Ray's processes too, and asking a dead one to kill each worker blocks
@@ -474,19 +403,6 @@ def scorers_of(cfg: DictConfig, groups: dict[str, WorkerGroup],
     function, validation = functions or function_scorers(cfg)
     training = build_training_scorer(cfg, function, groups.get("reward_model"))
     return training, validation or function or training.raw()
-
-
-def prompt_loader(cfg: DictConfig, train_records: list[PromptRecord]) -> PromptLoader:
-    """The run's training batches: `data.train_batch_size` prompts a step, files mixed by `data.train_weights`."""
-    d = cfg.data
-    return PromptLoader(train_records, d.train_batch_size, cfg.trainer.seed, d.shuffle,
-                        weights=list(d.train_weights) or None)
-
-
-def resolved_dtypes(cfg: DictConfig) -> dict[str, str]:
-    """The compute dtype each trained role resolves to on this machine (`dtype=auto` follows the device)."""
-    device_type = detect(cfg.devices.accelerator).torch_device_type
-    return {"actor": resolve_dtype(cfg.model.dtype, device_type), "critic": resolve_dtype(cfg.critic.dtype, device_type)}
 
 
 def run_training(cfg: DictConfig) -> Optional[float]:

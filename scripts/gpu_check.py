@@ -112,6 +112,7 @@ def overrides(model: Path, out: Path, rehearse: bool) -> list[str]:
 
 def one_step(cfg: Any, plan_total: float) -> dict[str, Any]:
     """A PPO step of the recipe; its phases, each role's peak memory, the plan's total."""
+    from ppo_trainer.run import trainer_state
     from ppo_trainer.run.folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 
@@ -120,7 +121,7 @@ def one_step(cfg: Any, plan_total: float) -> dict[str, Any]:
         try:
             trainer.step = 1
             metrics, _ = trainer.train_step(1)
-            trainer.save()
+            trainer_state.save(trainer)
         finally:
             trainer.close()
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
@@ -142,6 +143,7 @@ def resume_round_trip(cfg: Any) -> dict[str, Any]:
 
     from ppo_trainer.engine.actor import ActorEngine
     from ppo_trainer.engine.critic import CriticEngine
+    from ppo_trainer.run import trainer_state
     from ppo_trainer.run.folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 

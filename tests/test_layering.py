@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ppo_trainer"
 # Top to bottom. An entry is a module or a package (with everything in it), relative to ppo_trainer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("cli", "serve_reward", "sweep_report")),
-    ("driver", ("trainer", "evaluate", "plan")),
+    ("driver", ("trainer", "evaluate", "plan", "run.trainer_state")),
     ("workers", ("workers",)),
     ("engines, samplers, rewards, data", ("engine", "rollout", "rewards", "data")),
     ("models", ("models",)),

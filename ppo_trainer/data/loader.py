@@ -36,6 +36,13 @@ class PromptLoader:
         self.load_state_dict({"parts": [{"epoch": 0, "position": 0} for _ in self.parts],
                               "draw": np.random.default_rng(seed).bit_generator.state})
 
+
+    @classmethod
+    def from_config(cls, cfg: Any, records: Sequence[PromptRecord]) -> "PromptLoader":
+        """A run's training batches: `data.train_batch_size` prompts a step, seeded by `trainer.seed`,
+        files mixed by `data.train_weights`."""
+        d = cfg.data
+        return cls(records, d.train_batch_size, cfg.trainer.seed, d.shuffle, weights=list(d.train_weights) or None)
     def __next__(self) -> list[PromptRecord]:
         if len(self.parts) == 1:
             picks = [0] * self.batch_size

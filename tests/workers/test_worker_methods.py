@@ -11,14 +11,16 @@ import inspect
 import pytest
 
 from ppo_trainer import trainer
+from ppo_trainer.run import trainer_state
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.workers.roles import ENGINES, Worker, method_name
 
 GROUP_CALLS = ("run_all", "run_each", "run_split")
-# What the trainer calls its groups; any other receiver is a loop over several roles.
-ROLE_OF = {"self.actor": "actor", "self.critic": "critic", "self.rollout": "rollout"}
+# What the trainer calls its groups (in trainer.py, and as `trainer` where a run's state is saved and
+# loaded); any other receiver is a loop over several roles.
+ROLE_OF = {f"{owner}.{role}": role for owner in ("self", "trainer") for role in ("actor", "critic", "rollout")}
 
 
 def test_a_method_becomes_its_name_on_its_own_role_or_as_a_workers_own():
@@ -64,12 +66,13 @@ def arguments_as_written(call: ast.Call) -> tuple[list, dict]:
     return args, kwargs
 
 
-def test_every_method_the_trainer_calls_exists_on_its_roles_worker_with_a_compatible_signature():
-    calls = group_calls(trainer)
-    assert len(calls) >= 19
+@pytest.mark.parametrize("module, at_least", [(trainer, 14), (trainer_state, 6)])
+def test_every_method_the_driver_calls_exists_on_its_roles_worker_with_a_compatible_signature(module, at_least):
+    calls = group_calls(module)
+    assert len(calls) >= at_least
     for receiver, call in calls:
-        where = f"trainer.py line {call.lineno}: {ast.unparse(call)}"
-        method = eval(ast.unparse(call.args[0]), vars(trainer))  # a reference: Worker.save, ActorEngine.update
+        where = f"{module.__name__} line {call.lineno}: {ast.unparse(call)}"
+        method = eval(ast.unparse(call.args[0]), vars(module))  # a reference: Worker.save, ActorEngine.update
         args, kwargs = arguments_as_written(call)
         for role in [ROLE_OF[receiver]] if receiver in ROLE_OF else list(ENGINES):
             try:

@@ -1,0 +1,127 @@
+"""A run's checkpoint as the trainer writes and reads it: the resume checked before any model loads
+(`prepare_resume`, `check_resumed_data`), every role's part and the trainer's own state saved
+(`save`), and a run continued exactly where a checkpoint left it (`load`). The trainer is the
+`trainer.Trainer` of the run; only its groups, loader, controllers and counters are touched."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from omegaconf import DictConfig
+
+from ppo_trainer.console import shown_path
+from ppo_trainer.data import PromptLoader, PromptRecord
+from ppo_trainer.dtypes import resolve_dtype
+from ppo_trainer.rewards.scoring import reward_fingerprint
+from ppo_trainer.run import checkpoint, folder as run_folder, resume
+from ppo_trainer.workers.accelerators import detect
+from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
+from ppo_trainer.workers.roles import Worker
+
+log = logging.getLogger("ppo_trainer")
+
+
+@dataclass
+class Resume:
+    """A checked resume: the checkpoint folder, its trainer state and RNG states, and the config
+    changes since it was saved (`resume.check_config`)."""
+
+    folder: Path
+    state: dict[str, Any]
+    rng: dict[str, Any]
+    changes: list[resume.Change] = field(default_factory=list)
+
+
+def resolved_dtypes(cfg: DictConfig) -> dict[str, str]:
+    """The compute dtype each trained role resolves to on this machine (`dtype=auto` follows the device)."""
+    device_type = detect(cfg.devices.accelerator).torch_device_type
+    return {"actor": resolve_dtype(cfg.model.dtype, device_type), "critic": resolve_dtype(cfg.critic.dtype, device_type)}
+
+
+def prepare_resume(cfg: DictConfig, output_dir: Path) -> Optional[Resume]:
+    """`trainer.resume` decided before any model loads: `never` moves the previous run aside; a
+    checkpoint to continue is checked against the config (refused changes stop here: ConfigError),
+    its dtypes and its reward statistics. None when the run starts from scratch."""
+    if cfg.trainer.resume == "never":
+        run_folder.move_previous_run(output_dir)
+    folder = checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
+    if folder is None:
+        if cfg.trainer.resume == "auto":
+            resume.check_unsaved_run(output_dir, cfg)
+        return None
+    state, rng = checkpoint.load_trainer_state(folder / "state")
+    changes = resume.check_config(folder, checkpoint.saved_config(folder), state, run_folder.resolved_config(cfg))
+    resume.check_dtypes(state, resolved_dtypes(cfg))
+    state["reward_norm"] = resume.restored_reward_norm(folder, state, reward_fingerprint(cfg))
+    return Resume(folder, state, rng, changes)
+
+
+def check_resumed_data(resumed: Resume, train_records: Sequence[PromptRecord], cfg: DictConfig) -> None:
+    """The training prompts are the checkpoint's (`resume.check_train_data`), and its saved data
+    position fits them (trainer.resume_allow may have let them change): else an error, before any
+    model loads."""
+    resume.check_train_data(resumed.state, resume.data_fingerprint(train_records), resumed.changes, cfg)
+    try:
+        PromptLoader.from_config(cfg, train_records).load_state_dict(resumed.state["loader"])
+    except ValueError as e:
+        raise checkpoint.CheckpointError(f"{resumed.folder}: the saved data position does not fit the training "
+                                         f"prompts ({e}); start over with trainer.resume=never") from None
+
+
+def save(trainer: Any, best: bool = False) -> Path:
+    """Write checkpoints/global_step_N atomically (`checkpoint.commit`), with the config it was trained
+    with. A failure to write (a full disk) is a CheckpointSaveError naming the last complete step; a
+    worker that does not see the staged folder (its marker) stops the save before anything is written."""
+    reward = trainer.scorer.saved_state(trainer.step, trainer.last_checkpoint_line)  # finite, or nothing is written
+    try:
+        staging = checkpoint.begin(trainer.output_dir, trainer.step)
+        marker = write_marker(staging)
+        trainer.actor.run_all(Worker.save, str(staging), marker)
+        trainer.critic.run_all(Worker.save, str(staging), marker)
+        remove_marker(staging)
+        state = {"step": trainer.step, "loader": trainer.loader.state_dict(), "kl_ctrl": trainer.kl_ctrl.state_dict(),
+                 "nonfinite_streak": trainer.nonfinite_streak, "model_path": trainer.cfg.model.path, "best": trainer.best,
+                 "dtypes": resolved_dtypes(trainer.cfg), "train_data": trainer.train_data, **reward}
+        workers = {role: group.run_all(Worker.rng_state) for role, group in trainer.groups.items()}
+        checkpoint.save_trainer_state(staging / "state", state,
+                                      {"torch": torch.get_rng_state(), "workers": workers},
+                                      run_folder.resolved_config(trainer.cfg))
+        folder = checkpoint.commit(trainer.output_dir, trainer.step, trainer.cfg.trainer.keep_last,
+                                   parts={"actor": len(trainer.actor), "critic": len(trainer.critic)}, best=best)
+    except OSError as e:
+        raise checkpoint.CheckpointSaveError(f"saving step {trainer.step} failed ({e}); free the disk or fix the "
+                                             f"folder: {trainer.last_checkpoint_line()}") from e
+    log.info("saved %s", shown_path(folder))
+    return folder
+
+
+def load(trainer: Any, resumed: Resume) -> None:
+    """Continue `trainer` exactly from a checked resume (`prepare_resume`). The engines keep the
+    config's optimizer values; a changed gae.kl_coef or kl_ctrl restarts the KL controller from the
+    config's coefficient (`resume.restores_kl_controller`)."""
+    folder, state, rng = resumed.folder, resumed.state, resumed.rng
+    trainer.actor.run_all(Worker.load, str(folder))
+    trainer.critic.run_all(Worker.load, str(folder))
+    trainer.loader.load_state_dict(state["loader"])
+    if resume.restores_kl_controller(resumed.changes):
+        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    trainer.nonfinite_streak.update(state.get("nonfinite_streak", {}))
+    trainer.scorer.load_state_dict(state.get("reward_norm", {}))
+    for role, group in trainer.groups.items():  # after the loads: building and loading draw numbers too
+        saved = rng.get("workers", {}).get(role)
+        if saved is not None and len(saved) == len(group):
+            group.run_each(Worker.set_rng_state, [(s,) for s in saved])
+        else:
+            log.warning("%s: no RNG state for %d replicas in the checkpoint; the resume is not bit-exact",
+                        role, len(group))
+    torch.set_rng_state(rng["torch"])
+    trainer.step = int(state["step"])
+    trainer.best = state.get("best")  # absent in checkpoints written before checkpoints/best existed
+    if trainer.best is not None and checkpoint.step_dir(trainer.output_dir, trainer.best["step"]).is_dir():
+        checkpoint.write_pointer(trainer.output_dir, "best", trainer.best["step"])
+    trainer.sync_rollout_weights()
+    log.info("resumed from %s (step %d)", shown_path(folder), trainer.step)
