@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.run.checkpoint import STEP_DIR, latest_checkpoint, read_pointer
-from ppo_trainer.config.composition import compose
+from ppo_trainer.config.composition import compose, load_saved
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.config.validation import validate_static
 from ppo_trainer.data import PromptRecord, load_prompts
@@ -200,7 +200,7 @@ def _merge_adapter(adapter: Path, run_config: Optional[Path], scratch: Path) -> 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base = (OmegaConf.load(run_config).model.path if run_config is not None
+    base = (load_saved(run_config).model.path if run_config is not None
             else json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path"))
     base_dir = resolve_model_path(base)
     logger.info("eval: applying the LoRA adapter %s to its base %s", adapter, base_dir)
@@ -234,7 +234,7 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
     command line names it: else ConfigError."""
     if run_config is None:
         return composed
-    cfg = OmegaConf.load(run_config)
+    cfg = load_saved(run_config)
     named = [override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)]
     if "experiment" in named:
         raise ConfigError(f"+experiment does not apply to a checkpoint: {run_config} gives the run's "
