@@ -284,6 +284,7 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
     """(model folder, the run's config file or None, checkpoint step or None) of a ppo-eval model.path:
     a model, or a checkpoint (`run.checkpoint.checkpoint_target`); a LoRA adapter is merged into its
     base (the run's model.path, else the adapter's own base) under `scratch`."""
+    from ppo_trainer.config.composition import load_saved
     from ppo_trainer.models.export import merge_adapter
     from ppo_trainer.models.loading import ModelPathError, resolve_model_path
     from ppo_trainer.run.checkpoint import checkpoint_target
@@ -291,7 +292,7 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
     target = checkpoint_target(path)
     model, run_config, step = target if target is not None else (Path(path).expanduser(), None, None)
     if (model / "adapter_config.json").is_file():
-        base = (OmegaConf.load(run_config).model.path if run_config is not None
+        base = (load_saved(run_config).model.path if run_config is not None
                 else json.loads((model / "adapter_config.json").read_text()).get("base_model_name_or_path"))
         log.info("eval: applying the LoRA adapter %s to its base %s", model, base)
         return merge_adapter(model, resolve_model_path(base), scratch), run_config, step

@@ -1,11 +1,13 @@
-"""docs/config.md, generated from the schema (ppo_trainer/config/schema.py): every key with its type, default
-and meaning, grouped by config group, with the group's options in configs/.
+"""docs/config.md, generated from the schema (ppo_trainer/config/schema.py): every key with its type, default,
+allowed values and meaning, grouped by config group, with the group's options in configs/.
 
     python scripts/gen_config_docs.py           # rewrites docs/config.md
     python scripts/gen_config_docs.py --check   # exit 1 if docs/config.md is stale
 
 A key's meaning is its comment in the schema: the comment lines just above the field plus the comment
-after it on its line. A section's introduction is the comment on its `class` line."""
+after it on its line; its allowed values are its `Rule` (the field's metadata). A section's introduction
+is the comment on its `class` line. A default is the one the section's parent gives it (critic.optim.lr
+is 1e-5, model.optim.lr 1e-6: one class, two defaults)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import io
 import json
 import sys
 import tokenize
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -79,27 +81,41 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def section(schema: type, key: str, classes: dict[str, str], keys: dict[tuple[str, str], str]) -> list[str]:
-    """Markdown of one schema class at dotted `key`: a table of its plain fields, then its nested sections."""
+def allowed_text(f: Any, hint: Any) -> str:
+    """A field's allowed values (its `Rule`), "" for none: `constant, cosine`, `>= 0`, `each > 0`."""
+    rule = f.metadata.get("rule")
+    if rule is None:
+        return ""
+    if get_origin(hint) is not list:
+        return rule.describe()
+    if rule.length:
+        return f"{rule.length} values {rule.describe()}"
+    return f"each {'one of ' if rule.allowed else ''}{rule.describe()}"
+
+
+def section(node: Any, key: str, classes: dict[str, str], keys: dict[tuple[str, str], str]) -> list[str]:
+    """Markdown of one schema section at dotted `key`, `node` its default instance: a table of its plain
+    fields, then its nested sections."""
+    schema = type(node)
     hints = get_type_hints(schema)
     out = [f"### `{key}`", ""] if "." in key else []
     if "." in key and classes[schema.__name__]:
         out += [sentence(classes[schema.__name__]), ""]
-    out += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    out += ["| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
     nested = []
     for f in fields(schema):
         if is_dataclass(hints[f.name]):
-            nested.append((hints[f.name], f"{key}.{f.name}"))
+            nested.append((getattr(node, f.name), f"{key}.{f.name}"))
             continue
         meaning = keys[(schema.__name__, f.name)]
         if not meaning:
             raise SystemExit(f"ppo_trainer/config/schema.py: {schema.__name__}.{f.name} has no comment saying what it means; "
                              "add one after the field (or on the lines just above it)")
-        default = f.default if f.default_factory is MISSING else f.default_factory()
-        out.append(f"| `{key}.{f.name}` | {type_name(hints[f.name])} | `{cell(default_text(default))}` | {cell(meaning)} |")
+        default, allowed = cell(default_text(getattr(node, f.name))), cell(allowed_text(f, hints[f.name]))
+        out.append(f"| `{key}.{f.name}` | {type_name(hints[f.name])} | `{default}` | {allowed} | {cell(meaning)} |")
     out.append("")
-    for hint, child in nested:
-        out += section(hint, child, classes, keys)
+    for child, child_key in nested:
+        out += section(child, child_key, classes, keys)
     return out
 
 
@@ -108,30 +124,32 @@ def render() -> str:
     classes, keys = schema_comments(Path(config.__file__).read_text())
     picked = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / f"{CONFIG_NAME}.yaml").defaults)
     defaults = {k: v for entry in picked if isinstance(entry, dict) for k, v in entry.items()}
-    hints = get_type_hints(PPOConfig)
     out = [
         f"<!-- Generated from ppo_trainer/config/schema.py by scripts/gen_config_docs.py; do not edit: run `{COMMAND}`. -->",
         "# Config reference",
         "",
-        "Every key of `ppo-train`, with its default in the schema (`ppo_trainer/config/schema.py`). A group option "
-        "(`group=option`, a file `configs/<group>/<option>.yaml`) sets only what differs from these defaults; "
-        "`configs/ppo.yaml` picks the option of each group used when none is given. Any key can be set on the "
-        "command line (`ppo-train gae.lam=0.95`). Batch sizes count prompts (x `sampler.n` sequences), lengths "
-        "count tokens.",
+        "Every key of `ppo-train`, with its default and allowed values in the schema (`ppo_trainer/config/schema.py`; "
+        "a value outside them stops the run with exit code 2 and one line naming the key; `or null` in the type: "
+        "null is allowed too). A group option (`group=option`, a file `configs/<group>/<option>.yaml`) sets only "
+        "what differs from these defaults; `configs/ppo.yaml` picks the option of each group that has options used "
+        "when none is given; the other sections are set by their keys. Any key can be set on the command line "
+        "(`ppo-train gae.lam=0.95`). Batch sizes count prompts (x `sampler.n` sequences), lengths count tokens.",
         "",
         f"Recipes (`+experiment=NAME`, configs/experiment/): {', '.join(f'`{o}`' for o in group_options('experiment'))}.",
         f"Sweeps (`--multirun +sweep=NAME`, configs/sweep/): {', '.join(f'`{o}`' for o in group_options('sweep'))}.",
         "",
     ]
+    root = PPOConfig()
     for f in fields(PPOConfig):
-        schema = hints[f.name]
+        node = getattr(root, f.name)
         options = ", ".join(f"`{o}`" + (" (default)" if o == defaults.get(f.name) else "")
                             for o in group_options(f.name))
         out += [f"## `{f.name}`", ""]
-        if classes[schema.__name__]:
-            out += [sentence(classes[schema.__name__]), ""]
-        out += [f"Options (`{f.name}=OPTION`, configs/{f.name}/): {options}.", ""]
-        out += section(schema, f.name, classes, keys)
+        if classes[type(node).__name__]:
+            out += [sentence(classes[type(node).__name__]), ""]
+        if options:
+            out += [f"Options (`{f.name}=OPTION`, configs/{f.name}/): {options}.", ""]
+        out += section(node, f.name, classes, keys)
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -1,15 +1,20 @@
 """Composition: the YAML tree in configs/ with command-line overrides, checked and validated;
-a grid sweep's jobs composed up front."""
+a grid sweep's jobs composed up front; a config a run saved, read back under today's keys."""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
+from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, MOVED_KEYS, ConfigError
 from ppo_trainer.config.validation import validate_static
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides, sweep_file
 
+log = logging.getLogger("ppo_trainer")
 
 MAX_CHECKED_JOBS = 256  # a larger grid has its first jobs checked up front, the rest as they start
 
@@ -68,3 +73,27 @@ def compose(overrides: list[str]) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(" ".join(str(e).split())) from None
     return validate_static(cfg)
+
+
+_ABSENT = object()
+_REPORTED: set[Path] = set()  # saved configs whose moved keys were printed: ppo-eval reads one twice
+
+
+def load_saved(path: Path) -> Any:
+    """The config a run saved (its config.yaml, a checkpoint's state/config.yaml) with each key that
+    has moved since (`MOVED_KEYS`) at its new place, and one line saying so: an older run folder
+    resumes with no spurious change and evaluates. The one reader of saved configs; what OmegaConf
+    raises on an unreadable file, and a file that holds no mapping, are the caller's to report."""
+    config = OmegaConf.load(path)
+    if not isinstance(config, DictConfig):
+        return config
+    moved = [(old, new) for old, new in MOVED_KEYS.items()
+             if OmegaConf.select(config, old, default=_ABSENT) is not _ABSENT]
+    for old, new in moved:
+        parent, _, leaf = old.rpartition(".")
+        OmegaConf.update(config, new, OmegaConf.select(config, parent).pop(leaf), merge=False)
+    if moved and Path(path).resolve() not in _REPORTED:
+        _REPORTED.add(Path(path).resolve())
+        log.info("config: %s was saved with keys that have moved since; read at their new places: %s", path,
+                 ", ".join(f"{old} -> {new}" for old, new in moved))
+    return config

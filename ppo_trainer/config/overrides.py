@@ -6,19 +6,25 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import is_dataclass
 from typing import Any, Optional, get_origin
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ppo_trainer.config.schema import CONFIG_DIR, ConfigError, PPOConfig, config_groups, group_options, schema_keys
+from ppo_trainer.config.schema import (CONFIG_DIR, MOVED_KEYS, ConfigError, PPOConfig, config_groups, group_options,
+                                       schema_keys)
 
 _KEYS = schema_keys()
 
 
 def unknown_key_error(key: str) -> ConfigError:
-    """One line for a key the schema does not have, with the nearest valid key."""
+    """One line for a key the schema does not have: where it moved (`MOVED_KEYS`), else the nearest valid key."""
+    moved = next((old for old in MOVED_KEYS if key == old or key.startswith(old + ".")), None)
+    if moved is not None:
+        return ConfigError(f"unknown config key '{key}': '{moved}' moved to '{MOVED_KEYS[moved]}' (verl's spelling, "
+                           f"like the actor's model.optim); write {MOVED_KEYS[moved]}{key[len(moved):]}=...")
     if key.startswith("critic.lora"):
         return ConfigError(f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
                            "full-parameter. Remove the key (LoRA for the actor is model.lora.rank).")
@@ -92,6 +98,11 @@ def check_overrides(overrides: list[str]) -> None:
                 if key == "sweep":
                     check_sweep_file(value)
             continue
+        if is_dataclass(_KEYS.get(key)) and isinstance(override.value(), str):  # e.g. critic=default: no options
+            options = ", ".join(g for g in groups if g not in ("experiment", "sweep"))
+            raise ConfigError(f"unknown option '{override.input_line.lstrip('+~')}'; '{key}' has no options (the "
+                              f"groups with options: {options}); set its keys instead, e.g. "
+                              f"{next(k for k in _KEYS if k.startswith(key + '.'))}=...")
         check_key(key)
         if not override.is_delete():
             for value in _assigned_values(override):

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from ppo_trainer.config.composition import load_saved
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.config.validation import validate_static
 
@@ -40,7 +41,7 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
     command line names it: else ConfigError."""
     if run_config is None:
         return composed
-    cfg = OmegaConf.load(run_config)
+    cfg = load_saved(run_config)
     named = [override.key_or_group for override in OverridesParser.create().parse_overrides(overrides)]
     if "experiment" in named:
         raise ConfigError(f"+experiment does not apply to a checkpoint: {run_config} gives the run's "

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig, OptimConfig
+from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig
 from ppo_trainer.core.losses import critic_loss
 from ppo_trainer.engine.distributed import barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
@@ -33,10 +33,7 @@ class CriticEngine(FSDPEngine):
         self.model = ValueModel.from_pretrained(model_dir, attn_implementation=attn_implementation,
                                                 trust_remote_code=trust_remote_code,
                                                 gradient_checkpointing=cfg.gradient_checkpointing)
-        optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=list(cfg.betas), eps=cfg.eps,
-                            warmup_steps=cfg.warmup_steps, schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio,
-                            grad_clip=cfg.grad_clip)
-        super().__init__(self.model, self.model.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, optim,
+        super().__init__(self.model, self.model.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
                          total_steps, fp32_modules=[self.model.value_head], share_prompts=shares_prompts(self.model.backbone))
 
     def _values(self, micro: Batch) -> torch.Tensor:

@@ -35,7 +35,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}",
         f"actor:     {m.path} ({lora}, lr {m.optim.lr})",
         f"reference: {reference}",
-        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.lr}, value_clip {cfg.critic.value_clip}, "
+        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.optim.lr}, value_clip {cfg.critic.value_clip}, "
         f"value head from {critic_head(cfg)})",
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",

@@ -34,6 +34,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from ppo_trainer.errors import InputError, RunError
 
+from ppo_trainer.config.composition import load_saved
+
 log = logging.getLogger("ppo_trainer")
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -283,13 +285,13 @@ def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
 
 
 def saved_config(checkpoint: Path) -> Optional[DictConfig]:
-    """The resolved config a checkpoint folder (global_step_N) was trained with; None for a checkpoint
-    written before checkpoints stored it."""
+    """The resolved config a checkpoint folder (global_step_N) was trained with (`load_saved`: keys
+    that have moved since at their new places); None for a checkpoint written before checkpoints stored it."""
     path = checkpoint / "state" / "config.yaml"
     if not path.is_file():
         return None
     try:
-        config = OmegaConf.load(path)
+        config = load_saved(path)
     except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
         raise CheckpointError(f"corrupt resume state in {path.parent}: config.yaml cannot be read "
                               f"({type(e).__name__}); resume from another checkpoint with trainer.resume=PATH, or "

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from ppo_trainer.config.composition import load_saved
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.tracking import flatten
 
@@ -93,7 +94,7 @@ def check_unsaved_run(output_dir: Path, cfg: DictConfig) -> None:
     (starting here would overwrite that run's config.yaml and metrics)."""
     saved = output_dir / "config.yaml"
     try:
-        old_model = OmegaConf.select(OmegaConf.load(saved), "model.path") if saved.is_file() else None
+        old_model = OmegaConf.select(load_saved(saved), "model.path") if saved.is_file() else None
     except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
         raise ConfigError(f"trainer.output_dir={output_dir} holds a config.yaml that cannot be read "
                           f"({type(e).__name__}); choose another trainer.output_dir, or start over here with "

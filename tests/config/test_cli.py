@@ -35,6 +35,23 @@ def test_unknown_key_exits_2_naming_the_key(tmp_path, override):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("override", ["critic.lr=1e-5", "+critic.lr=1e-5"])
+def test_a_flat_critic_optimizer_key_exits_2_naming_its_new_place(tmp_path, override):
+    result = ppo_train("+experiment=smoke", "trainer.dry_run=true", override, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "ppo-train: config error: unknown config key 'critic.lr': 'critic.lr' moved to 'critic.optim.lr' (verl's "
+        "spelling, like the actor's model.optim); write critic.optim.lr=...")
+
+
+def test_an_option_for_a_section_without_options_exits_2_naming_the_groups_that_have_them(tmp_path):
+    result = ppo_train("trainer.dry_run=true", "critic=default", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "ppo-train: config error: unknown option 'critic=default'; 'critic' has no options (the groups with options: "
+        "data, devices, model, sampler); set its keys instead, e.g. critic.path=...")
+
+
 def test_malformed_override_exits_2(tmp_path):
     result = ppo_train("trainer.dry_run=true", "gae.lam=[1", cwd=tmp_path)
     assert result.returncode == 2
@@ -84,7 +101,10 @@ def test_help_flags_describe_the_app(tmp_path, flag, expected):
     assert result.returncode == 0, result.stderr
     assert expected in result.stdout
     if flag == "--help":
-        assert "experiment: digits, gsm8k, gsm8k_cpu, smoke" in result.stdout
+        groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+        assert [line.split(":")[0] for line in groups.splitlines()[2:] if line] == [
+            "data", "devices", "experiment", "model", "sampler", "sweep"]
+        assert "experiment: digits, gsm8k, gsm8k_cpu, smoke" in groups
 
 
 def test_shell_completion_installs_and_completes_keys_and_options(tmp_path):

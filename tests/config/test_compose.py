@@ -13,8 +13,8 @@ from ppo_trainer.config.schema import CONFIG_DIR, ConfigError, PPOConfig, config
 GROUPS = [g for g in config_groups() if g not in ("experiment", "sweep")]  # the optional `+` groups
 
 
-def test_primary_config_has_every_group_of_the_design():
-    assert set(GROUPS) == {"model", "critic", "sampler", "gae", "devices", "algorithm", "data", "reward", "eval", "trainer"}
+def test_the_groups_with_options_are_model_sampler_data_and_devices():
+    assert GROUPS == ["data", "devices", "model", "sampler"]
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
@@ -50,7 +50,7 @@ def test_gsm8k_experiment_sets_the_published_recipe():
     assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert cfg.sampler.name == "vllm"
     assert (cfg.data.train_batch_size, cfg.algorithm.ppo_mini_batch_size) == (256, 64)
-    assert (cfg.model.optim.lr, cfg.critic.lr, cfg.gae.kl_coef) == (1e-6, 1e-5, 0.001)
+    assert (cfg.model.optim.lr, cfg.critic.optim.lr, cfg.gae.kl_coef) == (1e-6, 1e-5, 0.001)
     assert (cfg.gae.gamma, cfg.gae.lam, cfg.sampler.max_new_tokens) == (1.0, 1.0, 512)
 
 
@@ -119,7 +119,7 @@ BAD_CONFIGS = [
     ("sampler.n=two", "sampler.n"),
     ("gae.normalize_advantages=maybe", "gae.normalize_advantages"),
     ("model.optim.lr=0", "model.optim.lr"),
-    ("critic.lr=-1e-5", "critic.lr"),
+    ("critic.optim.lr=-1e-5", "critic.optim.lr"),
     ("sampler.n=0", "sampler.n"),
     ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low"),
     ("algorithm.clip_ratio_high=0", "algorithm.clip_ratio_high"),
@@ -147,7 +147,7 @@ BAD_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("prefix", ["model.optim", "critic"])
+@pytest.mark.parametrize("prefix", ["model.optim", "critic.optim"])
 @pytest.mark.parametrize("setting", ["betas=[0.9,1.0]", "betas=[0.9]", "eps=0", "min_lr_ratio=1.5", "min_lr_ratio=-0.1"])
 def test_the_actor_and_critic_optimizer_settings_are_checked_alike(prefix, setting):
     key = f"{prefix}.{setting.split('=')[0]}"
@@ -155,9 +155,14 @@ def test_the_actor_and_critic_optimizer_settings_are_checked_alike(prefix, setti
         compose([f"{prefix}.{setting}"])
 
 
-def test_the_critic_takes_the_actors_optimizer_settings_as_its_own_keys():
-    cfg = compose(["critic.betas=[0.8,0.95]", "critic.eps=1e-6", "critic.min_lr_ratio=0.1"]).critic
-    assert (list(cfg.betas), cfg.eps, cfg.min_lr_ratio) == ([0.8, 0.95], 1e-6, 0.1)
+def test_the_critic_takes_the_actors_optimizer_settings_under_its_own_optim():
+    cfg = compose(["critic.optim.betas=[0.8,0.95]", "critic.optim.eps=1e-6", "critic.optim.min_lr_ratio=0.1"]).critic
+    assert (list(cfg.optim.betas), cfg.optim.eps, cfg.optim.min_lr_ratio) == ([0.8, 0.95], 1e-6, 0.1)
+
+
+def test_the_critics_learning_rate_defaults_to_ten_times_the_actors():
+    cfg = compose([])
+    assert (cfg.model.optim.lr, cfg.critic.optim.lr) == (1e-6, 1e-5)
 
 
 @pytest.mark.parametrize("override,fragment", BAD_CONFIGS)
@@ -167,6 +172,13 @@ def test_bad_config_is_one_line_naming_the_key(override, fragment):
     message = str(err.value)
     assert fragment in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("section", ["critic", "gae", "algorithm", "reward", "eval", "trainer"])
+def test_a_section_without_options_refuses_an_option_and_says_to_set_its_keys(section):
+    with pytest.raises(ConfigError, match=rf"^unknown option '{section}=default'; '{section}' has no options .*set its "
+                                          rf"keys instead, e.g. {section}\.\w+=\.\.\.$"):
+        compose([f"{section}=default"])
 
 
 def test_unknown_key_suggests_the_nearest_valid_key():

@@ -73,7 +73,7 @@ def make_actor(model_dir, budget: int = SMALL_BUDGET, mini_batch_size: int = 8, 
 
 def make_critic(model_dir, budget: int = SMALL_BUDGET, mini_batch_size: int = 8, **overrides) -> CriticEngine:
     alg = algorithm(budget, **overrides.pop("algorithm", {}))
-    return CriticEngine(CriticConfig(dtype="float32", lr=LR, **overrides), model_dir, alg,
+    return CriticEngine(CriticConfig(dtype="float32", optim=OptimConfig(lr=LR), **overrides), model_dir, alg,
                         mini_batch_size=mini_batch_size)
 
 

@@ -142,7 +142,8 @@ def test_bfloat16_compute_trains_with_float32_master_weights(tiny_model_dir, bat
 
 
 def test_the_critics_optimizer_takes_its_betas_eps_and_decays_to_its_cosine_floor(tiny_model_dir):
-    cfg = CriticConfig(dtype="float32", lr=1e-3, betas=[0.8, 0.95], eps=1e-6, schedule="cosine", min_lr_ratio=0.1)
+    cfg = CriticConfig(dtype="float32", optim=OptimConfig(lr=1e-3, betas=[0.8, 0.95], eps=1e-6, schedule="cosine",
+                                                          min_lr_ratio=0.1))
     critic = CriticEngine(cfg, tiny_model_dir, algorithm(), mini_batch_size=8, total_steps=10)
     groups = critic.optimizer.param_groups
     assert all(g["betas"] == (0.8, 0.95) and g["eps"] == 1e-6 for g in groups)
@@ -155,8 +156,8 @@ def test_the_critics_optimizer_takes_its_betas_eps_and_decays_to_its_cosine_floo
 def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir, batch, tmp_path):
     from ppo_trainer.models.critic import ValueModel
 
-    critic = CriticEngine(CriticConfig(dtype="float32", lr=3e-3, value_clip=None), tiny_model_dir, algorithm(),
-                          mini_batch_size=8)
+    critic = CriticEngine(CriticConfig(dtype="float32", optim=OptimConfig(lr=3e-3), value_clip=None), tiny_model_dir,
+                          algorithm(), mini_batch_size=8)
     values = critic.compute_values(batch)
     assert values.shape == batch.response_mask.shape and torch.all(values == 0)  # zero head
     batch = batch.with_fields(values=values)

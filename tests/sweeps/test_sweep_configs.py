@@ -73,7 +73,7 @@ def test_selecting_an_uninstalled_sweeper_on_the_command_line_is_a_config_error(
         overrides.check_overrides(["hydra/sweeper=optuna", "gae.lam=interval(0.9,1.0)"])
 
 
-@pytest.mark.parametrize("override", ["gae.lam=interval(0.9,1.0)", "critic.lr=tag(log, interval(1e-4,1e-2))",
+@pytest.mark.parametrize("override", ["gae.lam=interval(0.9,1.0)", "critic.optim.lr=tag(log, interval(1e-4,1e-2))",
                                       "gae.lam=range(0.9,1.0,0.05)", "sampler.n=int(interval(1,4))"])
 def test_interval_and_range_sweeps_are_checked_by_their_values(override):
     overrides.check_overrides([override])
@@ -105,10 +105,10 @@ def test_grid_sweep_file_drives_the_multirun(tmp_path: Path):
 def test_a_grid_sweep_value_out_of_range_stops_the_command_before_job_0(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        cli.train_main(["--multirun", "+experiment=smoke", "gae.lam=0.9,2", "critic.lr=1e-3,1e-4"])
+        cli.train_main(["--multirun", "+experiment=smoke", "gae.lam=0.9,2", "critic.optim.lr=1e-3,1e-4"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "ppo-train: config error: sweep job 2 (gae.lam=2 critic.lr=0.001): 'gae.lam' must be in [0, 1], got 2.0"]
+        "ppo-train: config error: sweep job 2 (gae.lam=2 critic.optim.lr=0.001): 'gae.lam' must be in [0, 1], got 2.0"]
     assert not (tmp_path / "multirun").exists(), "no job ran"
 
 

@@ -97,12 +97,12 @@ def test_optuna_example_runs_three_trials_and_reports_them(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1", "2"]
     best = OmegaConf.load(sweep_dir / "optimization_results.yaml")
-    assert set(best.best_params) == {"gae.lam", "critic.lr"}
+    assert set(best.best_params) == {"gae.lam", "critic.optim.lr"}
     report_main([str(sweep_dir)])
     with (sweep_dir / "report.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3
-    assert all(0.9 <= float(r["gae.lam"]) <= 1.0 and 1e-4 <= float(r["critic.lr"]) <= 1e-2 for r in rows)
+    assert all(0.9 <= float(r["gae.lam"]) <= 1.0 and 1e-4 <= float(r["critic.optim.lr"]) <= 1e-2 for r in rows)
     finals = [float(r["val/accuracy final"]) for r in rows]
     assert finals == sorted(finals, reverse=True)
     assert best.best_value == finals[0]

@@ -43,7 +43,7 @@ def test_tiny_model_learns_to_answer_with_the_prompted_digit_from_a_sparse_rewar
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = compose([
         "model=tiny", "model.dtype=float32", "critic.dtype=float32",
-        "model.optim.lr=3e-3", "critic.lr=3e-3",
+        "model.optim.lr=3e-3", "critic.optim.lr=3e-3",
         "data.source=files", f"data.train_files=[{data}]", f"data.val_files=[{data}]",
         "data.use_chat_template=false", "data.prompt_template='{question}='", "data.instruction=''",
         "data.train_batch_size=32", "data.max_prompt_length=16",

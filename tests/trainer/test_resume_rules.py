@@ -19,7 +19,7 @@ from ppo_trainer.engine.optim import lr_factor
 from ppo_trainer.trainer import Trainer, run_training
 
 BASE = ["+experiment=smoke", "trainer.loggers=[jsonl]", "trainer.total_steps=6", "trainer.save_every=2",
-        "model.optim.lr=1e-3", "critic.lr=1e-3"]
+        "model.optim.lr=1e-3", "critic.optim.lr=1e-3"]
 # smoke: 4 prompts per step, mini-batches of 2 prompts, 2 epochs: 4 optimizer steps per PPO step
 OPTIMIZER_STEPS_PER_PPO_STEP = 4
 
@@ -57,8 +57,8 @@ def resume_lines(caplog) -> list[str]:
 
 def test_a_changed_learning_rate_is_printed_and_applied(run_copy, caplog):
     with caplog.at_level(logging.INFO, logger="ppo_trainer"):
-        resume_run(run_copy, "model.optim.lr=5e-4", "critic.lr=2e-4")
-    assert resume_lines(caplog) == ["resume: changed since step 2: critic.lr 0.001 -> 0.0002",
+        resume_run(run_copy, "model.optim.lr=5e-4", "critic.optim.lr=2e-4")
+    assert resume_lines(caplog) == ["resume: changed since step 2: critic.optim.lr 0.001 -> 0.0002",
                                     "resume: changed since step 2: model.optim.lr 0.001 -> 0.0005",
                                     "resume: changed since step 2: trainer.stop_after_steps 2 -> 3"]
     step3 = metrics(run_copy)[3]
@@ -88,7 +88,7 @@ def test_a_changed_warmup_reshapes_the_schedule_from_the_restored_step(run_copy)
 
 
 def test_a_changed_critic_schedule_and_floor_reshape_its_schedule_from_the_restored_step(run_copy):
-    resume_run(run_copy, "critic.schedule=cosine", "critic.min_lr_ratio=0.5")
+    resume_run(run_copy, "critic.optim.schedule=cosine", "critic.optim.min_lr_ratio=0.5")
     done, total = 2 * OPTIMIZER_STEPS_PER_PPO_STEP, 6 * OPTIMIZER_STEPS_PER_PPO_STEP  # trainer.total_steps=6
     expected = sum(1e-3 * lr_factor(done + i, 0, "cosine", total, 0.5)
                    for i in range(OPTIMIZER_STEPS_PER_PPO_STEP)) / OPTIMIZER_STEPS_PER_PPO_STEP
@@ -97,8 +97,8 @@ def test_a_changed_critic_schedule_and_floor_reshape_its_schedule_from_the_resto
 
 def test_the_restored_optimizers_take_the_configs_betas_eps_and_weight_decay(run_copy):
     cfg = compose([*BASE, f"trainer.output_dir={run_copy}", "model.optim.betas=[0.8,0.95]", "model.optim.eps=1e-6",
-                   "model.optim.weight_decay=0.1", "critic.weight_decay=0.05", "critic.betas=[0.7,0.9]",
-                   "critic.eps=1e-5", "algorithm.clip_ratio_low=0.1", "algorithm.clip_ratio_high=0.3"])
+                   "model.optim.weight_decay=0.1", "critic.optim.weight_decay=0.05",
+                   "critic.optim.betas=[0.7,0.9]", "critic.optim.eps=1e-5", "algorithm.clip_ratio_low=0.1", "algorithm.clip_ratio_high=0.3"])
     with run_folder.exclusive(run_folder.absolute_output_dir(cfg)):
         trainer = Trainer.from_config(cfg)
         try:

@@ -43,7 +43,7 @@ def overrides(model_dir: Path) -> list[str]:
     2e-5 weight gaps), which would hide what the weight comparison checks."""
     return [
         "model=tiny", f"model.path={model_dir}", "model.dtype=float32", "critic.dtype=float32",
-        "model.optim.lr=1e-3", "model.optim.eps=1e-3", "critic.lr=1e-3", f"sampler={SAMPLER}", "sampler.n=2", "sampler.max_new_tokens=8",
+        "model.optim.lr=1e-3", "model.optim.eps=1e-3", "critic.optim.lr=1e-3", f"sampler={SAMPLER}", "sampler.n=2", "sampler.max_new_tokens=8",
         "sampler.vllm.enforce_eager=true", "sampler.vllm.kv_cache_gb=0.0625", "data.max_prompt_length=64",
         "data.train_batch_size=4", "algorithm.ppo_mini_batch_size=2", "algorithm.ppo_micro_batch_tokens=96",
         "gae.kl_coef=0", "trainer.total_steps=1",
