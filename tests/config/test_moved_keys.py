@@ -106,7 +106,7 @@ def test_an_old_run_folder_resumes_with_no_change_but_the_stop_and_one_line_for_
 
 
 def test_ppo_eval_of_an_old_run_folder_reads_it_with_the_moved_keys(run_copy, tmp_path, caplog):
-    from ppo_trainer.evaluate import run_eval
+    from ppo_trainer.cli import run_eval
 
     with caplog.at_level(logging.INFO, logger="ppo_trainer"):
         (result,) = run_eval([f"model.path={run_copy}", f"eval.output_file={tmp_path / 'eval.jsonl'}"])
