@@ -43,6 +43,8 @@ STAGING, REPLACED, REMOVING = ".incomplete_", ".replaced_", ".removing_"
 COMMIT_ORDER = "commit_order"
 MANIFESTS = "manifest"
 DRIVER_FILES = ("state/trainer.json", "state/rng.pt", "state/config.yaml")  # written by `save_trainer_state`
+# what every committed trainer.json holds (a resume reads them; reward_fingerprint is newer: optional)
+REQUIRED_STATE = ("step", "loader", "kl_ctrl", "nonfinite_streak", "best", "dtypes", "train_data", "reward_norm")
 
 
 class CheckpointError(InputError):
@@ -272,7 +274,7 @@ def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     try:
         state = json.loads((folder / "trainer.json").read_text())
         rng = torch.load(folder / "rng.pt", weights_only=True)
-        missing = [k for k in ("step", "loader", "kl_ctrl") if k not in state]
+        missing = [k for k in REQUIRED_STATE if k not in state]
         if missing:
             raise ValueError(f"trainer.json lacks {', '.join(missing)}")
         for role in ("actor", "critic"):
@@ -284,12 +286,10 @@ def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     return state, rng
 
 
-def saved_config(checkpoint: Path) -> Optional[DictConfig]:
+def saved_config(checkpoint: Path) -> DictConfig:
     """The resolved config a checkpoint folder (global_step_N) was trained with (`load_saved`: keys
-    that have moved since at their new places); None for a checkpoint written before checkpoints stored it."""
+    that have moved since at their new places)."""
     path = checkpoint / "state" / "config.yaml"
-    if not path.is_file():
-        return None
     try:
         config = load_saved(path)
     except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
@@ -323,13 +323,12 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_target(path: str) -> Optional[tuple[Path, Optional[Path], int]]:
-    """(the actor folder to evaluate, the config file its run trained with or None, the step) when
+def checkpoint_target(path: str) -> Optional[tuple[Path, Path, int]]:
+    """(the actor folder to evaluate, the config file its run trained with, the step) when
     `path` names a checkpoint: a pointer file (checkpoints/latest, checkpoints/best), a run folder
     (its latest checkpoint), a `global_step_N` folder (its merged LoRA export, else its actor) or a
     folder inside one; None for anything else (a model). The config is the one the checkpoint was
-    trained with (state/config.yaml), else the run's config.yaml. CheckpointError for a run folder
-    without a checkpoint."""
+    trained with (state/config.yaml). CheckpointError for a run folder without a checkpoint."""
     local = Path(path).expanduser()
     actor: Optional[Path] = None
     if local.is_file() and local.parent.name == "checkpoints":  # checkpoints/latest or checkpoints/best
@@ -344,8 +343,7 @@ def checkpoint_target(path: str) -> Optional[tuple[Path, Optional[Path], int]]:
         step_folder, actor = local.parent, local
     else:
         return None
-    run_config = next((c for c in (step_folder / "state" / "config.yaml", step_folder.parent.parent / "config.yaml")
-                       if c.is_file()), None)
+    run_config = step_folder / "state" / "config.yaml"
     if actor is None:
         merged = step_folder / "actor_merged"
         actor = merged if (merged / "config.json").is_file() else step_folder / "actor"

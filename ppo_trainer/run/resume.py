@@ -12,7 +12,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -63,17 +63,12 @@ def _show(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def check_config(checkpoint: Path, saved: Optional[DictConfig], state: dict[str, Any], cfg: DictConfig) -> list[Change]:
-    """The changes since the checkpoint, each printed as `resume: changed since step N: KEY OLD -> NEW`.
-    ConfigError (one line, before any model loads) listing the refused ones not in trainer.resume_allow."""
+def check_config(checkpoint: Path, saved: DictConfig, state: dict[str, Any], cfg: DictConfig) -> list[Change]:
+    """The changes since the checkpoint (`saved`: the config it was trained with), each printed as
+    `resume: changed since step N: KEY OLD -> NEW`. ConfigError (one line, before any model loads)
+    listing the refused ones not in trainer.resume_allow."""
     step = int(state["step"])
-    if saved is None:  # written before checkpoints stored their config: the model is all that can be compared
-        log.warning("resume: %s does not store the config it was trained with (an older version wrote it); "
-                    "only model.path is compared", checkpoint)
-        saved = OmegaConf.create({"model": {"path": state.get("model_path", cfg.model.path)}})
-        changes = [c for c in config_changes(saved, cfg) if c[0] == "model.path"]
-    else:
-        changes = config_changes(saved, cfg)
+    changes = config_changes(saved, cfg)
     allowed = list(cfg.trainer.resume_allow)
     refused = [c for c in changes if any(_covers(r, c[0]) for r in REFUSED)
                and not any(_covers(a, c[0]) for a in allowed)]
@@ -109,7 +104,7 @@ def check_dtypes(state: dict[str, Any], resolved: dict[str, str]) -> None:
     """Print a role whose compute dtype resolves differently here than when the checkpoint was saved
     (`dtype=auto` on another CPU): not refused, the weights are float32 masters either way."""
     for role, dtype in resolved.items():
-        before = state.get("dtypes", {}).get(role)
+        before = state["dtypes"].get(role)
         if before is not None and before != dtype:
             log.info("resume: the %s computes in %s here, in %s when step %d was saved (dtype=auto on another "
                      "device)", role, dtype, before, state["step"])
@@ -132,8 +127,8 @@ def check_train_data(state: dict[str, Any], fingerprint: dict[str, Any], changes
                      cfg: DictConfig) -> None:
     """ConfigError when the training prompts differ from the checkpoint's (a changed filter such as
     data.max_prompt_length, an edited file), unless trainer.resume_allow names a data key."""
-    before = state.get("train_data")
-    if before is None or before == fingerprint:
+    before = state["train_data"]
+    if before == fingerprint:
         return
     data_keys = [f"{key} {_show(old)} -> {_show(new)}" for key, old, new in changes if key.startswith("data.")]
     if any(a.startswith("data") for a in cfg.trainer.resume_allow):
@@ -181,7 +176,7 @@ def restored_reward_norm(checkpoint: Path, state: dict[str, Any], fingerprint: M
     from ppo_trainer.run.checkpoint import CheckpointError, complete_steps, step_dir
 
     reset = reset_reward_parts(state, fingerprint)
-    kept = {part: stats for part, stats in state.get("reward_norm", {}).items() if part not in reset}
+    kept = {part: stats for part, stats in state["reward_norm"].items() if part not in reset}
     bad = nonfinite_statistics(kept)
     if not bad:
         return kept

@@ -84,7 +84,7 @@ def save(trainer: Any, best: bool = False) -> Path:
         trainer.critic.run_all(Worker.save, str(staging), marker)
         remove_marker(staging)
         state = {"step": trainer.step, "loader": trainer.loader.state_dict(), "kl_ctrl": trainer.kl_ctrl.state_dict(),
-                 "nonfinite_streak": trainer.nonfinite_streak, "model_path": trainer.cfg.model.path, "best": trainer.best,
+                 "nonfinite_streak": trainer.nonfinite_streak, "best": trainer.best,
                  "dtypes": resolved_dtypes(trainer.cfg), "train_data": trainer.train_data, **reward}
         workers = {role: group.run_all(Worker.rng_state) for role, group in trainer.groups.items()}
         checkpoint.save_trainer_state(staging / "state", state,
@@ -109,8 +109,8 @@ def load(trainer: Any, resumed: Resume) -> None:
     trainer.loader.load_state_dict(state["loader"])
     if resume.restores_kl_controller(resumed.changes):
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
-    trainer.nonfinite_streak.update(state.get("nonfinite_streak", {}))
-    trainer.scorer.load_state_dict(state.get("reward_norm", {}))
+    trainer.nonfinite_streak.update(state["nonfinite_streak"])
+    trainer.scorer.load_state_dict(state["reward_norm"])
     for role, group in trainer.groups.items():  # after the loads: building and loading draw numbers too
         saved = rng.get("workers", {}).get(role)
         if saved is not None and len(saved) == len(group):
@@ -120,7 +120,7 @@ def load(trainer: Any, resumed: Resume) -> None:
                         role, len(group))
     torch.set_rng_state(rng["torch"])
     trainer.step = int(state["step"])
-    trainer.best = state.get("best")  # absent in checkpoints written before checkpoints/best existed
+    trainer.best = state["best"]
     if trainer.best is not None and checkpoint.step_dir(trainer.output_dir, trainer.best["step"]).is_dir():
         checkpoint.write_pointer(trainer.output_dir, "best", trainer.best["step"])
     trainer.sync_rollout_weights()

@@ -25,8 +25,9 @@ def stage(output_dir: Path, step: int, roles: tuple[str, ...] = ("actor", "criti
         (staging / role / "model.safetensors").write_bytes(b"w" * step)
         (staging / "state" / role).mkdir(parents=True)
         checkpoint.write_manifest(staging, role, 0, [role, f"state/{role}"])
-    checkpoint.save_trainer_state(staging / "state", {"step": step, "loader": {}, "kl_ctrl": {}},
-                                  {"torch": torch.get_rng_state()}, OmegaConf.create({"step": step}))
+    state = {key: {} for key in checkpoint.REQUIRED_STATE} | {"step": step, "best": None}
+    checkpoint.save_trainer_state(staging / "state", state, {"torch": torch.get_rng_state()},
+                                  OmegaConf.create({"step": step}))
     return staging
 
 
