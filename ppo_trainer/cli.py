@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, MutableMapping, NoReturn, Optional
 
@@ -29,8 +31,8 @@ from ppo_trainer.config.validation import url_credentials_error, validate_static
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides
 from ppo_trainer.rewards.remote import TOKEN_ENV
 from ppo_trainer.run.folder import absolute_output_dir, exclusive, output_dir_problem
-from ppo_trainer.config.secrets import has_credentials, mask_secrets
-from ppo_trainer.console import engine_output_to_file, set_engine_log_levels, shown_path
+from ppo_trainer.config.secrets import has_credentials, mask_argument, mask_secrets
+from ppo_trainer.console import engine_output_to_file, random_model_note, set_engine_log_levels, shown_path
 from ppo_trainer.tracking import flatten
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ log = logging.getLogger("ppo_trainer")
 
 
 _task_started = False  # tells Hydra's exits (a config error) from our task's
+_typed_command: list[str] = []  # the command line as typed, the token moved out and secrets masked: command.txt
+_failure_line: Optional[str] = None  # the last line after the traceback of an unexpected exception
 
 
 def check_search_direction(search: object, objective: str) -> None:
@@ -54,7 +58,7 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ppo_trainer.plan.dry_run import describe_plan, dtype_summary, environment_problems
+    from ppo_trainer.plan.dry_run import describe_plan, dtype_summary, environment_problems, reward_summary
 
     global _task_started
     _task_started = True
@@ -104,14 +108,15 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
                 from ppo_trainer.trainer import run_training  # after the engines' log levels are set
 
                 log.info("dtypes: %s", dtype_summary(cfg))
-                return run_training(cfg)
+                if cfg.reward.remote.url:  # the score comes from elsewhere: say where (credentials masked)
+                    log.info("reward: %s", reward_summary(cfg))
+                if (note := random_model_note(cfg)) is not None:
+                    log.info("%s", note)
+                return run_training(cfg, _typed_command)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
-        from ppo_trainer.run.checkpoint import last_complete
+        from ppo_trainer.run.checkpoint import last_checkpoint_line
 
-        last = last_complete(Path(cfg.trainer.output_dir))
-        where = (f"the last complete checkpoint is {shown_path(last)}: rerun to continue" if last
-                 else "no checkpoint was written yet: a rerun starts over")
-        print(f"ppo-train: interrupted; {where}", file=sys.stderr)
+        print(f"ppo-train: interrupted; {last_checkpoint_line(Path(cfg.trainer.output_dir))}", file=sys.stderr)
         sys.exit(130)
     except ConfigError as e:
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
@@ -120,6 +125,13 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
         _exit("ppo-train: input error", e, 2)
     except RunError as e:
         _exit("ppo-train: stopped", e, e.exit_code)
+    except Exception as e:  # a failure nothing above foresaw: Hydra prints its traceback, train_main then this
+        from ppo_trainer.run.checkpoint import last_checkpoint_line
+
+        global _failure_line
+        _failure_line = (f"ppo-train: failed with an unexpected {type(e).__name__} (traceback above): "
+                         f"{last_checkpoint_line(Path(cfg.trainer.output_dir))}")
+        raise
 
 
 def _exit(what: str, error: BaseException, code: int) -> NoReturn:
@@ -151,6 +163,7 @@ def train_main(argv: Optional[list[str]] = None) -> None:
         refuse_url_credentials(overrides)
     except ConfigError as e:
         _exit("ppo-train: config error", e, 2)
+    _typed_command[:] = ["ppo-train", *(mask_argument(arg) for arg in argv if arg in flags or arg in overrides)]
     overrides = normalize_overrides(overrides)
     if not any(f in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc") for f in flags):
         try:
@@ -164,14 +177,22 @@ def train_main(argv: Optional[list[str]] = None) -> None:
 
     task = hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")(_run_training)
     sys.argv = [sys.argv[0], *overrides, *flags]  # overrides first: `--info` takes an optional value
-    global _task_started
-    _task_started = False
+    global _task_started, _failure_line
+    _task_started, _failure_line = False, None
     try:
         task()
     except SystemExit as e:
         if e.code == 1 and not _task_started:
             sys.exit(2)  # Hydra rejected the command line or the composition: a config error
+        if _failure_line is not None:  # after the traceback Hydra printed
+            print(_failure_line, file=sys.stderr)
         raise
+    except Exception:  # HYDRA_FULL_ERROR=1: Hydra raises it on
+        if _failure_line is None:
+            raise
+        traceback.print_exc()
+        print(_failure_line, file=sys.stderr)
+        sys.exit(1)
 
 
 _TOKEN_OVERRIDE = re.compile(r"^\+{0,2}reward\.remote\.token=(.*)$", re.DOTALL)
@@ -250,6 +271,16 @@ class MaskSecrets(Callback):
             OmegaConf.save(OmegaConf.create(mask_secrets(_task(config))), saved)
 
 
+class SweepEnd(Callback):
+    """A sweep ends naming its folder and the command that compares its jobs (`ppo-sweep-report`).
+    Named in configs/ppo.yaml under hydra.callbacks."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = shown_path(Path(config.hydra.sweep.dir))
+        print(f"ppo-train: the sweep's runs are in {folder}/<job number>; compare them with: ppo-sweep-report "
+              f"{shlex.quote(folder)}", flush=True)
+
+
 def _task(config: DictConfig) -> dict[str, Any]:
     """The config less Hydra's part, unresolved, as plain containers."""
     return {key: OmegaConf.to_container(config[key], resolve=False) for key in config if key != "hydra"}
@@ -258,12 +289,17 @@ def _task(config: DictConfig) -> dict[str, Any]:
 def eval_main(argv: Optional[list[str]] = None) -> None:
     _quiet_third_party_logs()
     parser = argparse.ArgumentParser(
-        prog="ppo-eval", description="Greedy accuracy of one or more models on a dataset split.",
+        prog="ppo-eval",
+        description="Accuracy of one or more models on a dataset split, scored by the reward function: greedy "
+                    "decoding by default; eval.n=N samples N responses per prompt at eval.temperature (unset: the "
+                    "sampler's) and reports mean@N and pass@N.",
         epilog="e.g. ppo-eval model.path=embedded:smollm2-135m-instruct data.source=files "
                "data.val_files=[test.jsonl] eval.limit=64. model.path: a model folder or name, a checkpoint's "
                "actor folder, a global_step_N folder, checkpoints/latest or checkpoints/best, or a run's output "
-               "folder (a checkpoint is evaluated with its run's config.yaml); model.path=[A,B] compares several "
-               "on the same problems")
+               "folder (a checkpoint is evaluated with its run's config, but runs a reward.fn of its own only when "
+               "the command line names it, as the run's summary does); model.path=[A,B] compares several on the "
+               "same problems. Responses: a checkpoint's into <run>/eval/global_step_N.jsonl, any other model's "
+               "into eval.jsonl here; eval.output_file=PATH wins")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for ppo-train")
     overrides = parser.parse_args(argv).overrides  # argv None: sys.argv[1:]; an unknown flag: usage and exit 2
     for arg in overrides:
@@ -295,7 +331,15 @@ def resolve_target(path: str, scratch: Path) -> tuple[Path, Optional[Path], Opti
         base = (load_saved(run_config).model.path if run_config is not None
                 else json.loads((model / "adapter_config.json").read_text()).get("base_model_name_or_path"))
         log.info("eval: applying the LoRA adapter %s to its base %s", model, base)
-        return merge_adapter(model, resolve_model_path(base), scratch), run_config, step
+        try:
+            base_dir = resolve_model_path(base)
+        except ModelPathError as e:
+            if run_config is None:
+                raise
+            raise ModelPathError(f"{e}; the adapter's base model.path={base} came from the run's config ({run_config}): "
+                                 "put the base model there, or evaluate the run's merged export (global_step_N/"
+                                 "actor_merged) where it has one") from None
+        return merge_adapter(model, base_dir, scratch), run_config, step
     if target is None:
         return resolve_model_path(path), None, None
     if not (model / "config.json").is_file():
@@ -312,6 +356,20 @@ def model_paths(overrides: list[str]) -> tuple[list[str], list[str]]:
     return paths, [o for o in overrides if o.partition("=")[0] != "model.path"]
 
 
+def eval_output_file(output_file: Optional[str], run_config: Optional[Path], step: Optional[int], index: int,
+                     count: int) -> Path:
+    """Where ppo-eval writes one model's responses: `output_file` (eval.output_file) when given; a
+    run's checkpoint (`run_config`, the checkpoint's state/config.yaml) into the run's eval/ folder as
+    global_step_N.jsonl, never inside checkpoints/; any other model eval.jsonl in the current folder.
+    Among several models a shared name is numbered (eval.0.jsonl, eval.1.jsonl)."""
+    from ppo_trainer.run.folder import EVAL_DIR
+
+    if output_file is None and run_config is not None:
+        return run_config.parents[3] / EVAL_DIR / f"global_step_{step}.jsonl"  # <run>/checkpoints/global_step_N/state
+    file = Path(output_file or "eval.jsonl")
+    return file if count == 1 else file.with_suffix(f".{index}{file.suffix}")
+
+
 def validation_scorer(cfg: Any) -> Scorer:
     """ppo-eval's scorer: eval.reward_fn, else reward.fn (a run trained on a reward model or server
     alone is evaluated by the function its command line names)."""
@@ -326,8 +384,8 @@ def validation_scorer(cfg: Any) -> Scorer:
 
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
-    """`ppo-eval`: every `model.path` of `overrides` on the same problems, responses written to
-    `eval.output_file` (default eval.jsonl in the current folder). A run's checkpoint uses the
+    """`ppo-eval`: every `model.path` of `overrides` on the same problems, responses written where
+    `eval_output_file` says, the engines' output into engine.log beside the first model's. A run's checkpoint uses the
     run's config under the overrides (`eval_config`) and its sampler; any other model vLLM if installed,
     else HF. eval.n samples per prompt seeded as the run's validation of the checkpoint's step.
     Each result is `evaluate_records`' plus `model`, `step`, `temperature` (None: greedy) and `seconds`."""
@@ -360,7 +418,8 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         name = cfg.sampler.name if run_config is not None else "hf" if vllm_rollout.check_vllm_available() else "vllm"
         sampler_cfg = dataclasses.replace(OmegaConf.to_object(cfg.sampler), name=name, n=1,
                                           max_new_tokens=cfg.eval.max_new_tokens)
-        default_file = Path(cfg.eval.output_file or "eval.jsonl")  # the current folder, also for a run's checkpoint
+        files = [eval_output_file(cfg.eval.output_file, config, step, i, len(targets))
+                 for i, (_, config, step) in enumerate(targets)]
         n = cfg.eval.n
         temperature = eval_temperature(cfg.eval.temperature, n, cfg.sampler.temperature)
         sampling = {"greedy": True} if temperature is None else {"temperature": temperature}
@@ -369,11 +428,9 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
         bound_cpu_kernel_caches()  # as a trainer's workers do: greedy batches shrink step by step (new shapes)
         # the engines' start-up chatter and per-call warnings go next to the responses, as in ppo-train
         # the reward workers too (they start here, and write where the driver writes)
-        with engine_output_to_file(default_file.parent / "engine.log", cfg.trainer.verbose), \
+        with engine_output_to_file(files[0].parent / "engine.log", cfg.trainer.verbose), \
                 closing(validation_scorer(cfg)) as scorer:
-            for i, (path, (model_dir, _, step)) in enumerate(zip(paths, targets)):
-                numbered = default_file.with_suffix(f".{i}{default_file.suffix}")
-                output_file = default_file if len(targets) == 1 else numbered
+            for path, (model_dir, _, step), output_file in zip(paths, targets, files):
                 tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
                 loaded = load_prompts(cfg.data, tokenizer, "val", check_answer=answer_check(cfg, "val"))
                 records = first_per_source(loaded, cfg.eval.limit)

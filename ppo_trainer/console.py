@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional, TextIO
+from typing import Any, Iterator, Optional, Sequence, TextIO
 
 # The compact per-step console line: (metric, label, format).
 CONSOLE_COLUMNS = [
@@ -119,14 +120,28 @@ def validation_line(metrics: dict[str, float]) -> Optional[str]:
     return "  " + "  ".join(f"{key} {metrics[key]:.3f}" for key in shown)
 
 
+def random_model_note(cfg: Any) -> Optional[str]:
+    """The console's line at start for a randomly initialised actor (model.path=random:...) on prompts
+    it cannot learn in a few steps (anything but the digits tasks): zeros are what such a run shows,
+    whether the reward works or not, so a miswired reward on one's own data must not pass for a
+    working one (+experiment=smoke); None for other runs."""
+    if not str(cfg.model.path).startswith("random:") or (cfg.data.source == "digits" and not cfg.data.train_files):
+        return None
+    return (f"model {cfg.model.path} is randomly initialised: this run checks the plumbing (every phase, "
+            "checkpoints, resume), not learning; a score and val/accuracy of 0 are expected, also from a miswired "
+            "reward. A run that learns: +experiment=digits (docs/learning.md)")
+
+
 StepValue = tuple[Optional[int], Optional[float]]  # (step, value) of the objective, or (None, None)
 
 
 def run_summary(output_dir: Path, *, steps: tuple[int, int, int], seconds: float, objective_name: str,
                 final: StepValue, best: StepValue, best_dir: Optional[Path], last_dir: Optional[Path],
-                stopped_by: Optional[str] = None) -> str:
+                stopped_by: Optional[str] = None, eval_overrides: Sequence[str] = ()) -> str:
     """The block printed when a run ends or a signal stops it after saving.
-    steps: (first step of this invocation, last step done, trainer.total_steps)."""
+    steps: (first step of this invocation, last step done, trainer.total_steps). Its ppo-eval command
+    runs from any folder: the checkpoint's absolute path and `eval_overrides` (the run's code keys,
+    `config.trust.code_overrides`, which ppo-eval takes only from its command line)."""
     first, done, total = steps
     if stopped_by is not None:
         head = f"run stopped by {stopped_by} after step {done} of {total}; rerun the same command to continue"
@@ -150,8 +165,22 @@ def run_summary(output_dir: Path, *, steps: tuple[int, int, int], seconds: float
     ]
     if best_dir is not None or last_dir is not None:
         which = "best" if best_dir is not None else "last"
-        lines.append(f"  evaluate {which}:    ppo-eval model.path={shown_path(best_dir or last_dir)}")
+        command = ["ppo-eval", f"model.path={os.path.abspath(best_dir or last_dir)}", *eval_overrides]
+        lines.append(f"  evaluate {which}:    {shlex.join(command)}")
     return "\n".join(lines)
+
+
+def finished_text(checkpoint: Path, step: int, total_steps: int, summary: Optional[Path], objective_name: str,
+                  last: StepValue) -> str:
+    """What a rerun of a finished run prints instead of loading it again: one line saying so and how
+    to go on, then the run's saved summary, or (without one) the last objective value."""
+    step_at, value = last
+    head = (f"ppo-train: this run already finished: {shown_path(checkpoint)} is step {step} of trainer.total_steps="
+            f"{total_steps}; raise trainer.total_steps to continue it, or start over with trainer.resume=never")
+    if summary is not None:
+        return f"{head}. Its summary ({shown_path(summary)}):\n{summary.read_text().rstrip()}"
+    last_objective = "n/a" if step_at is None else f"{value:.4g} (step {step_at})"
+    return f"{head}. Last {objective_name}: {last_objective}"
 
 
 def shown_path(path: Path) -> str:

@@ -256,7 +256,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"ppo-sweep-report: {e}", file=sys.stderr)
         sys.exit(2)
     text = report.markdown()
-    (sweep_dir / "report.md").write_text(text)
-    report.write_csv(sweep_dir / "report.csv")
+    written = [sweep_dir / "report.md", sweep_dir / "report.csv", sweep_dir / "val_accuracy.png"]
+    written[0].write_text(text)
+    report.write_csv(written[1])
     print(text, end="")
-    plot_accuracy(report, sweep_dir / "val_accuracy.png")
+    plot_accuracy(report, written[2])
+    print(f"ppo-sweep-report: wrote {', '.join(str(path) for path in written)}")

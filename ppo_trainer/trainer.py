@@ -10,7 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +24,8 @@ from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
+from ppo_trainer.config.paths import absolute_paths
+from ppo_trainer.config.trust import code_overrides
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
@@ -34,7 +36,7 @@ from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import (CombinedScorer, Scorer, build_scorer, build_training_scorer,
                                          require_finite_scores, reward_metrics)
 from ppo_trainer.rollout import Sampler
-from ppo_trainer.console import console_stream, run_summary, shown_path
+from ppo_trainer.console import console_stream, run_summary
 from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.group import WorkerGroup
@@ -88,9 +90,10 @@ class Trainer:
         self._stop_deadline: Optional[threading.Timer] = None
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> "Trainer":
-        """The resume is checked (`ppo_trainer.run.resume`), data and reward loaded and config.yaml
-        written before any model loads; then the groups. The caller holds the output folder."""
+    def from_config(cls, cfg: DictConfig, command: Sequence[str] = ()) -> "Trainer":
+        """The resume is checked (`ppo_trainer.run.resume`), data and reward loaded, config.yaml written
+        and `command` (the command line, masked) recorded before any model loads; then the groups.
+        The caller holds the output folder."""
         from ppo_trainer.models.loading import check_critic_vocabulary, load_tokenizer
         from ppo_trainer.workers.group import build_groups
 
@@ -106,7 +109,7 @@ class Trainer:
             trainer_state.check_resumed_data(resumed, train_records, cfg)
         functions = function_scorers(cfg)  # a bad reward.fn or signature fails here, before the models load
         try:
-            run_folder.write_config(output_dir, cfg)
+            run_folder.write_config(output_dir, cfg, command)
             groups = build_groups(cfg)
         except BaseException:
             for scorer in functions:
@@ -155,7 +158,7 @@ class Trainer:
                     break
         except WorkerError as e:
             if self._stop_requested is None:
-                raise WorkerError(f"{e}; {self.last_checkpoint_line()}") from e
+                raise  # run_training adds the last checkpoint
             raise StoppedBySignal(  # a scheduler signals every process of the job, the workers too
                 f"{self._stop_requested} stopped the workers during step {self.step} ({e}); "
                 f"{self.last_checkpoint_line()}", signal.Signals[self._stop_requested]) from e
@@ -167,13 +170,15 @@ class Trainer:
             tracker.close()
         best_run = self.best or {}
         best_step = checkpoint.pointed_step(self.output_dir, "best")
-        print(run_summary(
+        summary = run_summary(
             self.output_dir, steps=(first_step, self.step, t.total_steps), seconds=time.time() - started,
             objective_name=t.objective, final=(objective_step, objective),
             best=(best_run.get("step"), best_run.get("value")),
             best_dir=None if best_step is None else checkpoint.step_dir(self.output_dir, best_step),
             last_dir=checkpoint.last_complete(self.output_dir), stopped_by=self._stop_requested,
-        ), file=console_stream(), flush=True)
+            eval_overrides=code_overrides(self.cfg))
+        print(summary, file=console_stream(), flush=True)
+        run_folder.write_summary(self.output_dir, summary)
         return objective
 
     def record_best(self, value: Optional[float]) -> bool:
@@ -199,9 +204,7 @@ class Trainer:
                              f"{timeout:g} s; {self.last_checkpoint_line()}", code=130, stacks=False)
 
     def last_checkpoint_line(self) -> str:
-        last = checkpoint.last_complete(self.output_dir)
-        return (f"the last complete checkpoint is {shown_path(last)}: rerun the same command to continue" if last
-                else "no checkpoint was written yet: a rerun starts over")
+        return checkpoint.last_checkpoint_line(self.output_dir)
 
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """One PPO step; returns its metrics and a few samples for samples.jsonl."""
@@ -405,12 +408,23 @@ def scorers_of(cfg: DictConfig, groups: dict[str, WorkerGroup],
     return training, validation or function or training.raw()
 
 
-def run_training(cfg: DictConfig) -> Optional[float]:
-    """Hold the output folder (`run_folder.exclusive`), build, fit, and release the workers; returns
-    the objective for Hydra sweepers."""
-    with run_folder.exclusive(run_folder.absolute_output_dir(cfg)):
-        trainer = Trainer.from_config(cfg)
+def run_training(cfg: DictConfig, command: Sequence[str] = ()) -> Optional[float]:
+    """Make the config's paths absolute, hold the output folder (`run_folder.exclusive`), build, fit,
+    and release the workers; returns the objective for Hydra sweepers. A finished run is not loaded
+    again: its summary is printed (`trainer_state.finished_run`). A RunError leaves naming the last
+    complete checkpoint. `command`: the command line as typed (masked), for command.txt."""
+    output_dir = run_folder.absolute_output_dir(absolute_paths(cfg))
+    with run_folder.exclusive(output_dir):
+        finished = trainer_state.finished_run(cfg, output_dir)
+        if finished is not None:
+            print(finished[0], file=console_stream(), flush=True)
+            return finished[1]
         try:
-            return trainer.fit()
-        finally:
-            trainer.close()
+            trainer = Trainer.from_config(cfg, command)
+            try:
+                return trainer.fit()
+            finally:
+                trainer.close()
+        except RunError as e:
+            e.checkpoint = checkpoint.last_checkpoint_line(output_dir)
+            raise

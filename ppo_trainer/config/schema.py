@@ -362,7 +362,8 @@ class EvalConfig:  # validation during training and ppo-eval
     temperature: Optional[float] = field(default=None, metadata=at_least(
         0, why="0: greedy", null="for greedy at eval.n=1 and sampler.temperature above"))
     save_generations: bool = True  # validation in training writes <output_dir>/val_generations/step_N.jsonl
-    output_file: Optional[str] = None  # ppo-eval's responses; default: eval.jsonl in the current folder
+    # ppo-eval's responses; default: a checkpoint's in <run>/eval/global_step_N.jsonl, another model's in ./eval.jsonl
+    output_file: Optional[str] = None
     # the function that decides validation accuracy; null: reward.fn
     reward_fn: Optional[str] = field(default=None, metadata=FUNCTION)
 

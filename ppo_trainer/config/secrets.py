@@ -22,6 +22,13 @@ def mask_secrets(value: Any, key: str = "") -> Any:
     return redact_url(value) if isinstance(value, str) else value
 
 
+def mask_argument(arg: str) -> str:
+    """A command-line argument as a run records it (command.txt): `key=VALUE` with a secret-looking
+    key as `key=***`, a URL's credentials masked (`mask_secrets`' rules for one override)."""
+    key, sep, value = arg.partition("=")
+    return f"{key}{sep}{mask_secrets(value, key.lstrip('+'))}" if sep else redact_url(arg)
+
+
 def has_credentials(url: str) -> bool:
     """Whether `url` carries userinfo (`user:password@` or `token@` before its host)."""
     try:

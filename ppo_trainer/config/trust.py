@@ -5,6 +5,8 @@ files go unless the command line names it (README "Trust")."""
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,22 +19,59 @@ from ppo_trainer.config.validation import validate_static
 
 logger = logging.getLogger("ppo_trainer")
 
-# Keys that name code `ppo-eval` would run (a reward function: a module or a file).
+# Keys that name code a run imports and runs, each a function reference ("package.module:function" or
+# "path/to/file.py:function"). The one list: the trust rule below, the absolute paths a run saves
+# (`config.paths`) and the ppo-eval command of the run's summary (`code_overrides`) read it; a feature
+# that adds a key naming code (an environment, a tool) adds it here.
 CODE_KEYS = ("reward.fn", "eval.reward_fn")
+
+
+def function_file(ref: str) -> Optional[str]:
+    """The file of a function reference "path/to/file.py:function" (a path: it ends in .py or holds
+    a "/"), None for a module reference "package.module:function"."""
+    target = ref.rpartition(":")[0]
+    return target if target.endswith(".py") or "/" in target else None
 
 
 def is_builtin(ref: str) -> bool:
     """Whether the function reference `ref` ("module:function") names a function of this package by
     module path (not a file that could lie anywhere, e.g. "ppo_trainer.x/../../evil.py:f")."""
     target = ref.rpartition(":")[0]
-    is_path = target.endswith(".py") or "/" in target
-    return not is_path and (target == "ppo_trainer" or target.startswith("ppo_trainer."))
+    return function_file(ref) is None and (target == "ppo_trainer" or target.startswith("ppo_trainer."))
+
+
+_UNQUOTED = re.compile(r"[A-Za-z0-9_/.:+@%-]+")  # characters Hydra's override grammar reads unquoted
+
+
+def code_overrides(cfg: Any) -> list[str]:
+    """`key=value` for each code key of `cfg` (`CODE_KEYS`) that is set and not built in: what the
+    command line of `ppo-eval` must name to evaluate a checkpoint of this run (`eval_config` runs
+    no code a run folder names). A value Hydra would not read as it is comes in Hydra's quotes."""
+    overrides = []
+    for key in CODE_KEYS:
+        ref = OmegaConf.select(cfg, key)
+        if ref and not is_builtin(ref):
+            quoted = ref if _UNQUOTED.fullmatch(ref) else "'" + ref.replace("\\", "\\\\").replace("'", "\\'") + "'"
+            overrides.append(f"{key}={quoted}")
+    return overrides
 
 
 # Keys a run folder's stored config never sets for ppo-eval (a folder from elsewhere must not run
 # code or choose where files go): they come from the command line or the defaults.
 NOT_FROM_RUN_FOLDER = ("model.trust_remote_code", "reward.model.trust_remote_code", "trainer.output_dir",
                        "eval.output_file")
+
+
+def check_saved_files(cfg: Any, run_config: Path) -> None:
+    """ConfigError naming the first of the run's data.val_files that is not here, the config file it
+    came from and what to do. A run saves them absolute (`config.paths`); an older version saved them
+    as typed, and those are read against the current folder, as the run read them."""
+    for path in OmegaConf.select(cfg, "data.val_files") or []:
+        if not Path(path).expanduser().is_file():
+            older = "" if os.path.isabs(path) else " (relative, as an older version saved it: read here)"
+            raise ConfigError(f"data.val_files: {path}{older} does not exist; it came from the run's config "
+                              f"({run_config}): pass data.val_files=[...] with files that are here, or put the file "
+                              "back where the run read it")
 
 
 def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path]) -> Any:
@@ -56,6 +95,8 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
         raise ConfigError(f"the run's config ({run_config}) names {key}={stored_fn}, code that ppo-eval does not "
                           f"run from a run folder unless told to: pass {key}={stored_fn} on the command line to "
                           f"trust it, or another {key}{also}")
+    if not any(name in ("data", "data.val_files") for name in named):
+        check_saved_files(cfg, run_config)
     if remote_code:
         logger.warning("eval: the run's config sets model.trust_remote_code=true; ppo-eval does not take it from a "
                        "run folder (pass model.trust_remote_code=true to run the model folder's code)")

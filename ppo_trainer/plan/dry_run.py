@@ -17,7 +17,7 @@ from ppo_trainer.dtypes import auto_dtype
 from ppo_trainer.plan.memory import memory_plan
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
 from ppo_trainer.rewards.remote import bearer_token, url_problem
-from ppo_trainer.config.secrets import mask_secrets
+from ppo_trainer.config.secrets import mask_secrets, redact_url
 from ppo_trainer.workers.accelerators import detect, local_device_count
 from ppo_trainer.workers.cluster.nodes import ray_address_problem
 from ppo_trainer.workers.cluster.placement import describe_placement, plan_placement, roles_of
@@ -92,7 +92,8 @@ def reward_summary(cfg: DictConfig) -> str:
         parts.append(f"{r.model.coef:g} x reward model {r.model.path} ({dtype}, {device}"
                      + (", normalised" if r.model.normalize else "") + (f", clipped at {r.model.clip}" if r.model.clip else "") + ")")
     if r.remote.url:
-        parts.append(f"{r.remote.coef:g} x reward server {r.remote.url}" + (" (normalised)" if r.remote.normalize else ""))
+        parts.append(f"{r.remote.coef:g} x reward server {redact_url(r.remote.url)}"
+                     + (" (normalised)" if r.remote.normalize else ""))
     validation = cfg.eval.reward_fn or r.fn
     return " + ".join(parts) + f"; validation accuracy by {validation or 'the training score (no reward function)'}"
 

@@ -164,6 +164,10 @@ def trainer_line(role: str, cfg: Any, dims: Dims, ranks: int, lora_rank: int) ->
 # for its kernels) and ~0.3 GiB of runtime; on a GPU we assume 0.5 GiB of workspace and graphs.
 VLLM_RUNTIME = {"cpu": 0.3 * GIB, "gpu": 0.5 * GIB}
 PROCESS_BASELINE = 0.6 * GIB  # python, torch, tokenizers and the prompts of a CPU run's one process
+# What the allocator holds beyond the live bytes the lines count, as a share of them. Measured on a CPU
+# (docs/performance.md, "The memory plan against measured peaks"): the peak resident set was 22% and 19%
+# above the plan with the process baseline, the heap's free blocks between live ones; 25% covers both.
+MEMORY_MARGIN = 0.25
 
 
 def rollout_line(cfg: Any, dims: Dims, device_bytes: Optional[float]) -> Line:
@@ -209,8 +213,9 @@ def device_memory(cfg: Any) -> tuple[Optional[float], str]:
 
 
 def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
-    """The dry run's `# memory plan` section: one line per role on its device, the total per
-    device, and a WARNING naming the keys to change when it exceeds the device's memory."""
+    """The dry run's `# memory plan` section: one line per role on its device, then the total per
+    device built from them line by line (`total_lines`), and a WARNING naming the keys to change when
+    it exceeds the device's memory."""
     actor_dims = model_dims(cfg.model.path)
     critic_dims = model_dims(cfg.critic.path, "critic") if cfg.critic.path else actor_dims
     lines = ["", "# memory plan (GiB per device, estimated from the models' dimensions before anything loads)"]
@@ -231,17 +236,8 @@ def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
         roles.append(Line("reward model", {"weights": compute_bytes(cfg, "model") * reward_dims.params})
                      if isinstance(reward_dims, Dims) else Line("reward model", {}, f"unknown: {reward_dims}"))
     lines += [line.text() for line in roles]
-    if dev.backend == "local" or dev.colocate:
-        peak, what = shared_device_peak(roles, cfg)
-        if dev.accelerator == "cpu":
-            peak += PROCESS_BASELINE
-            what += f", plus {gib(PROCESS_BASELINE)} GiB for the process (python, torch, the prompts)"
-        lines.append(f"  total        {gib(peak)} GiB per device: {what}")
-        totals = {"the shared device": peak}
-    else:
-        totals = {r.role: r.total for r in roles}
-        lines.append("  total        " + ", ".join(f"{role} {gib(t)}" for role, t in totals.items())
-                     + " GiB per device: each role on its own devices")
+    totals, total_text = total_lines(roles, cfg)
+    lines += total_text
     if device_bytes is None:
         lines.append(f"  device memory: {device_name}; the totals above are what each device must hold")
         return lines
@@ -258,18 +254,49 @@ def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
 TRANSIENT = ("gradients", "gathered", "activations", "logits chunk")  # live only while that role computes
 
 
-def shared_device_peak(roles: list[Line], cfg: Any) -> tuple[float, str]:
-    """(bytes, how) of a device every role shares: what stays (weights, optimizer state, the rollout
-    engine) plus the largest phase's transient part; when vLLM sleeps while the trainers compute,
-    the larger of the training phase and the rollout phase."""
+def total_lines(roles: list[Line], cfg: Any) -> tuple[dict[str, float], list[str]]:
+    """({device: bytes}, the lines that build each total from the role lines above them). Every
+    number printed is a sum of numbers printed before it: a shared device holds `roles`
+    (`shared_device_peak`) + the process (`PROCESS_BASELINE`, the CPU's one process) + the
+    margin (`MEMORY_MARGIN` of both); a role on devices of its own, its line + the margin."""
+    dev = cfg.devices
+    if dev.backend != "local" and not dev.colocate:
+        totals = {r.role: r.total * (1 + MEMORY_MARGIN) for r in roles}
+        return totals, ["  total        " + ", ".join(f"{r.role} {gib(r.total)} + {gib(r.total * MEMORY_MARGIN)} = "
+                                                      f"{gib(totals[r.role])}" for r in roles)
+                        + f" GiB per device: each role on its own devices, its line + a margin of {MEMORY_MARGIN:.0%} "
+                          "(what the allocator holds beyond the live bytes; measured peaks: docs/performance.md)"]
+    peak, built, how = shared_device_peak(roles, cfg)
+    process = PROCESS_BASELINE if dev.accelerator == "cpu" else 0.0
+    margin = (peak + process) * MEMORY_MARGIN
+    total = peak + process + margin
+    lines = [f"  roles        {gib(peak)} GiB = {built}: {how}"]
+    if process:
+        lines.append(f"  process      {gib(process)} GiB: python, torch, tokenizers and the prompts of the one process")
+    lines += [f"  margin       {gib(margin)} GiB: {MEMORY_MARGIN:.0%} of the above, what the allocator holds beyond "
+              "the live bytes (measured peaks: docs/performance.md)",
+              f"  total        {gib(total)} GiB per device = roles {gib(peak)}"
+              + (f" + process {gib(process)}" if process else "") + f" + margin {gib(margin)}"]
+    return {"the shared device": total}, lines
+
+
+def shared_device_peak(roles: list[Line], cfg: Any) -> tuple[float, str, str]:
+    """(bytes, how they add up, why) of the roles on a device they all share: what stays (weights,
+    optimizer state, the rollout engine) plus the largest phase's transient part; when vLLM sleeps
+    while the trainers compute, the larger of the training phase and the rollout phase."""
     rollout = next(r for r in roles if r.role == "rollout")
     others = [r for r in roles if r is not rollout]
     resting = sum(v for r in others for k, v in r.parts.items() if k not in TRANSIENT)
-    busiest = max((sum(r.parts.get(k, 0.0) for k in TRANSIENT) for r in others), default=0.0)
+    phases = {r.role: sum(r.parts.get(k, 0.0) for k in TRANSIENT) for r in others}
+    busiest_role = max(phases, key=phases.get)
+    busiest = phases[busiest_role]
+    kept = f"what stays {gib(resting)} (weights, optimizer state)"
+    phase = f"the {busiest_role}'s computing {gib(busiest)} ({', '.join(TRANSIENT)})"
     if cfg.sampler.name == "vllm" and cfg.devices.colocate and cfg.devices.accelerator != "cpu":
-        return (max(resting + busiest, resting + rollout.total),
-                "one device holds every role; vLLM sleeps while actor and critic compute")
-    return resting + busiest + rollout.total, "one device holds every role, one phase computing at a time"
+        return (resting + max(busiest, rollout.total), f"{kept} + the larger of {phase} and the rollout "
+                f"{gib(rollout.total)}", "vLLM sleeps while actor and critic compute")
+    return (resting + busiest + rollout.total, f"{kept} + {phase} + the rollout {gib(rollout.total)}",
+            "one device holds every role, one phase computing at a time")
 
 
 def _reward_model_path(cfg: Any) -> Optional[str]:

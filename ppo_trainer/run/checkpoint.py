@@ -32,9 +32,9 @@ from typing import Any, Mapping, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from ppo_trainer.errors import InputError, RunError
-
 from ppo_trainer.config.composition import load_saved
+from ppo_trainer.console import shown_path
+from ppo_trainer.errors import InputError, RunError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -234,6 +234,13 @@ def last_complete(output_dir: Path) -> Optional[Path]:
         return latest_checkpoint(output_dir)
     except CheckpointError:
         return None
+
+
+def last_checkpoint_line(output_dir: Path) -> str:
+    """Where a run that stops now stands, for its last message: its last complete checkpoint, or none."""
+    last = last_complete(output_dir)
+    return (f"the last complete checkpoint is {shown_path(last)}: rerun the same command to continue" if last
+            else "no checkpoint was written yet: a rerun starts over")
 
 
 def resolve_resume(output_dir: Path, resume: str) -> Optional[Path]:

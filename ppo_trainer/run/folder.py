@@ -1,5 +1,6 @@
 """The output folder of a run (`trainer.output_dir`): one run at a time (a lock), an absolute path
-for every process, the previous run moved aside by `trainer.resume=never`, config.yaml."""
+for every process, the previous run moved aside by `trainer.resume=never`, config.yaml, the command
+that ran it (command.txt) and its summary (summary.txt)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import errno
 import fcntl
 import logging
 import os
+import shlex
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,10 +23,13 @@ from ppo_trainer.errors import InputError
 log = logging.getLogger("ppo_trainer")
 
 LOCK_FILE = ".run.lock"
+COMMAND_FILE = "command.txt"  # each command that trained in the folder, one line each, the last one last
+SUMMARY_FILE = "summary.txt"  # the last end-of-run summary, as printed
+EVAL_DIR = "eval"  # ppo-eval's responses for a checkpoint of the run (global_step_N.jsonl) and its engine.log
 # What a run writes into its folder; `trainer.resume=never` moves these aside (engine.log stays:
 # every run appends to it).
 RUN_FILES = ("checkpoints", "config.yaml", "metrics.jsonl", "samples.jsonl", "plots.png", "val_generations",
-             "tensorboard", "wandb_run_id", "overrides.yaml")
+             "tensorboard", "wandb_run_id", "overrides.yaml", COMMAND_FILE, SUMMARY_FILE, EVAL_DIR)
 # errno values of a filesystem without POSIX record locks (some network filesystems)
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
@@ -160,9 +165,18 @@ def resolved_config(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(mask_secrets(OmegaConf.to_container(cfg)))
 
 
-def write_config(output_dir: Path, cfg: DictConfig) -> None:
-    """<output_dir>/config.yaml, replaced atomically (a reader never sees half of it)."""
+def write_config(output_dir: Path, cfg: DictConfig, command: Sequence[str] = ()) -> None:
+    """<output_dir>/config.yaml, replaced atomically (a reader never sees half of it), and the
+    command line that started this invocation (`command`, already masked) appended to command.txt."""
     output_dir.mkdir(parents=True, exist_ok=True)
     tmp = output_dir / ".config.yaml.tmp"
     OmegaConf.save(resolved_config(cfg), tmp)
     os.replace(tmp, output_dir / "config.yaml")
+    if command:
+        with (output_dir / COMMAND_FILE).open("a") as f:
+            f.write(shlex.join(command) + "\n")
+
+
+def write_summary(output_dir: Path, summary: str) -> None:
+    """<output_dir>/summary.txt: the end-of-run summary as printed (a rerun of a finished run prints it)."""
+    (output_dir / SUMMARY_FILE).write_text(summary + "\n")

@@ -7,6 +7,7 @@ restarts the normalisation of the parts it changes; statistics that are not fini
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.config.composition import load_saved
+from ppo_trainer.config.paths import absolute_paths
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.tracking import flatten
 
@@ -50,9 +52,11 @@ def _covers(prefix: str, key: str) -> bool:
 
 def config_changes(saved: DictConfig, current: DictConfig) -> list[Change]:
     """Every leaf key whose value differs between the two configs, sorted by key (dtypes as
-    configured: `auto` stays `auto`; `NOT_COMPARED` left out)."""
-    old = flatten(OmegaConf.to_container(saved, resolve=True))
-    new = flatten(OmegaConf.to_container(current, resolve=True))
+    configured: `auto` stays `auto`; `NOT_COMPARED` left out), their paths compared absolute
+    (`config.paths.absolute_paths`: a path typed relative is the one a run saved absolute, and a
+    relative one an older version saved is read against the working folder, as that run read it)."""
+    old = flatten(OmegaConf.to_container(absolute_paths(copy.deepcopy(saved)), resolve=True))
+    new = flatten(OmegaConf.to_container(absolute_paths(copy.deepcopy(current)), resolve=True))
     keys = sorted(k for k in old.keys() | new.keys() if not any(_covers(p, k) for p in NOT_COMPARED))
     return [(k, old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT)]
 
@@ -89,7 +93,7 @@ def check_unsaved_run(output_dir: Path, cfg: DictConfig) -> None:
     (starting here would overwrite that run's config.yaml and metrics)."""
     saved = output_dir / "config.yaml"
     try:
-        old_model = OmegaConf.select(load_saved(saved), "model.path") if saved.is_file() else None
+        old_model = OmegaConf.select(absolute_paths(load_saved(saved)), "model.path") if saved.is_file() else None
     except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
         raise ConfigError(f"trainer.output_dir={output_dir} holds a config.yaml that cannot be read "
                           f"({type(e).__name__}); choose another trainer.output_dir, or start over here with "

@@ -13,11 +13,12 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
-from ppo_trainer.console import shown_path
+from ppo_trainer.console import finished_text, shown_path
 from ppo_trainer.data import PromptLoader, PromptRecord
 from ppo_trainer.dtypes import resolve_dtype
 from ppo_trainer.rewards.scoring import reward_fingerprint
 from ppo_trainer.run import checkpoint, folder as run_folder, resume
+from ppo_trainer.tracking import metric_series, read_jsonl
 from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
 from ppo_trainer.workers.roles import Worker
@@ -58,6 +59,26 @@ def prepare_resume(cfg: DictConfig, output_dir: Path) -> Optional[Resume]:
     resume.check_dtypes(state, resolved_dtypes(cfg))
     state["reward_norm"] = resume.restored_reward_norm(folder, state, reward_fingerprint(cfg))
     return Resume(folder, state, rng, changes)
+
+
+def finished_run(cfg: DictConfig, output_dir: Path) -> Optional[tuple[str, Optional[float]]]:
+    """(what to print, the last trainer.objective value) when the checkpoint this command would
+    continue is at trainer.total_steps already: its run's summary.txt, else one line with the last
+    objective of its metrics.jsonl. Read before any model loads; None when there is a step to train
+    (a raised trainer.total_steps continues the run)."""
+    folder = None if cfg.trainer.resume == "never" else checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
+    if folder is None:
+        return None
+    step = int(checkpoint.load_trainer_state(folder / "state")[0]["step"])
+    if step < cfg.trainer.total_steps:
+        return None
+    run = folder.parent.parent
+    points = metric_series(read_jsonl(run / "metrics.jsonl"), cfg.trainer.objective)
+    last = points[-1] if points else (None, None)
+    summary = run / run_folder.SUMMARY_FILE
+    text = finished_text(folder, step, cfg.trainer.total_steps, summary if summary.is_file() else None,
+                         cfg.trainer.objective, last)
+    return text, last[1]
 
 
 def check_resumed_data(resumed: Resume, train_records: Sequence[PromptRecord], cfg: DictConfig) -> None:

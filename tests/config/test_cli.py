@@ -145,3 +145,11 @@ def test_ppo_eval_help_lists_the_model_path_forms(tmp_path):
     result = ppo_eval("--help", cwd=tmp_path)
     assert result.returncode == 0
     assert "checkpoints/latest" in result.stdout
+
+
+def test_ppo_eval_help_says_what_eval_n_does_and_where_the_responses_go(tmp_path):
+    result = ppo_eval("--help", cwd=tmp_path)
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    assert "greedy decoding by default; eval.n=N samples N responses per prompt at eval.temperature" in text
+    assert "mean@N and pass@N" in text and "Greedy accuracy" not in text
+    assert "a checkpoint's into <run>/eval/global_step_N.jsonl, any other model's into eval.jsonl here" in text

@@ -204,7 +204,8 @@ def test_a_reward_signature_that_matches_none_stops_before_the_models(capsys, tm
 def test_format_score_for_a_reward_without_the_parameter_stops_before_the_models(capsys, tmp_path):
     (tmp_path / "plain_reward.py").write_text("def reward(response, ground_truth):\n    return 0.0\n")
     line = run_cli(capsys, "reward.fn=plain_reward.py:reward", "reward.format_score=0.1")
-    assert "'reward.format_score' is 0.1, but reward.fn plain_reward.py:reward has no 'format_score' parameter" in line
+    assert (f"'reward.format_score' is 0.1, but reward.fn {tmp_path / 'plain_reward.py'}:reward has no 'format_score' "
+            "parameter") in line  # the file as the run saves it: absolute
 
 
 def test_a_logger_that_is_not_installed(capsys, monkeypatch):

@@ -62,6 +62,15 @@ def test_runs_are_sorted_by_final_objective_with_final_and_best_values(tmp_path,
     assert markdown in capsys.readouterr().out
 
 
+def test_the_report_ends_saying_where_it_wrote_the_table_and_the_plot(tmp_path, capsys):
+    make_run(tmp_path, "0", 0.9, [0.1, 0.5], ["gae.lam=0.9"])
+    main([str(tmp_path)])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"ppo-sweep-report: wrote {tmp_path / 'report.md'}, {tmp_path / 'report.csv'}, " \
+                   f"{tmp_path / 'val_accuracy.png'}"
+    assert all((tmp_path / name).is_file() for name in ("report.md", "report.csv", "val_accuracy.png"))
+
+
 def test_without_recorded_overrides_the_differing_config_values_are_shown(tmp_path):
     make_run(tmp_path, "0", 0.9, [0.0, 0.2], None)
     make_run(tmp_path, "1", 1.0, [0.0, 0.1], None)

@@ -35,18 +35,19 @@ def multirun(*args: str, cwd: Path, timeout: int = 1800) -> subprocess.Completed
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> tuple[Path, dict]:
+def sweep(tmp_path_factory) -> tuple[Path, dict, str]:
     """Two smoke runs of two steps from the kl_and_lambda sweep file (gae.lam 0.95 and 1.0; the
-    command line fixes gae.kl_coef, so the file's three KL values collapse to one)."""
+    command line fixes gae.kl_coef, so the file's three KL values collapse to one); what the
+    jobs left alive, and what the sweep printed."""
     cwd = tmp_path_factory.mktemp("sweep")
     result = multirun(*SHORT, "+sweep=kl_and_lambda", "gae.kl_coef=0.01", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("AFTER_SWEEP "))
-    return cwd / "sweep", json.loads(line.removeprefix("AFTER_SWEEP "))
+    return cwd / "sweep", json.loads(line.removeprefix("AFTER_SWEEP ")), result.stdout
 
 
 def test_each_job_writes_a_complete_run_directory(sweep):
-    sweep_dir, _ = sweep
+    sweep_dir, _, _ = sweep
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]
     for job, lam in (("0", 0.95), ("1", 1.0)):
         run = sweep_dir / job
@@ -64,13 +65,19 @@ def test_each_job_writes_a_complete_run_directory(sweep):
 def test_jobs_release_their_models_and_the_second_job_reinitialises(sweep):
     """Job 1 built its models in the process job 0 ran in (torch.distributed was initialised
     again or reused), and after the sweep no model of either job is alive."""
-    _, after = sweep
+    _, after, _ = sweep
     assert after["modules_with_parameters"] == []
     assert after["world_size"] in (None, 1)
 
 
+def test_the_sweep_ends_naming_its_folder_and_the_report_command(sweep):
+    _, _, printed = sweep
+    ended = [line for line in printed.splitlines() if not line.startswith("AFTER_SWEEP ")][-1]
+    assert ended == "ppo-train: the sweep's runs are in sweep/<job number>; compare them with: ppo-sweep-report sweep"
+
+
 def test_report_lists_both_runs_with_their_overrides(sweep, capsys):
-    sweep_dir, _ = sweep
+    sweep_dir, _, _ = sweep
     report_main([str(sweep_dir)])
     printed = capsys.readouterr().out
     markdown = (sweep_dir / "report.md").read_text()

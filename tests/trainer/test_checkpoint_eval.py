@@ -88,7 +88,8 @@ def test_ppo_eval_of_a_checkpoint_gives_the_runs_validation_of_that_step(run, fo
     val = metrics(out)[3]
     assert result["step"] == 3 and result["num_examples"] == 10
     assert (result["accuracy"], result["mean_score"]) == (val["val/accuracy"], val["val/score/mean"])
-    assert result["output_file"] == "eval.jsonl" and (tmp_path / "eval.jsonl").is_file()  # the current folder
+    assert result["output_file"] == str(out / "eval" / "global_step_3.jsonl")  # the run's eval/ folder
+    assert Path(result["output_file"]).is_file() and list(tmp_path.iterdir()) == []  # nothing in the current one
     assert "95% CI" in capsys.readouterr().out
 
 
@@ -275,4 +276,4 @@ def test_a_run_folder_from_elsewhere_runs_no_code_unless_the_command_line_says_s
     (result,) = run_eval([f"model.path={copy / 'checkpoints' / 'global_step_3'}",
                           "reward.fn=ppo_trainer.rewards.math:score"])
     assert "does not take it from a run folder" in caplog.text
-    assert result["output_file"] == "eval.jsonl" and not (tmp_path / "elsewhere").exists()
+    assert result["output_file"] == str(copy / "eval" / "global_step_3.jsonl") and not (tmp_path / "elsewhere").exists()

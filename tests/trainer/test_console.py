@@ -3,6 +3,7 @@ second Ctrl-C as one line naming the last complete checkpoint."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def test_second_ctrl_c_ends_with_one_line_naming_the_last_complete_checkpoint(tm
     (out / "checkpoints" / "global_step_6").mkdir()  # a step of an abandoned run: latest names step 4
     (out / "checkpoints" / "latest").write_text("global_step_4\n")
 
-    def interrupted(_cfg):
+    def interrupted(*_args):
         raise KeyboardInterrupt  # what the trainer's handler raises on the second SIGINT
 
     monkeypatch.setattr("ppo_trainer.trainer.run_training", interrupted)
@@ -70,7 +71,7 @@ def test_second_ctrl_c_ends_with_one_line_naming_the_last_complete_checkpoint(tm
     assert exit_info.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["ppo-train: interrupted; the last complete checkpoint is out/checkpoints/global_step_4: "
-                   "rerun to continue"]
+                   "rerun the same command to continue"]
 
 
 def test_a_smoke_run_shows_only_its_own_lines_and_ends_with_the_block(tmp_path):
@@ -87,3 +88,44 @@ def test_a_smoke_run_shows_only_its_own_lines_and_ends_with_the_block(tmp_path):
     own = ("step ", "PPO ", "dtypes:", "model ", "data:", "eval:", "saved ", "run ", "  ")
     strays = [line for line in (result.stdout + result.stderr).splitlines() if line and not line.startswith(own)]
     assert strays == [], strays
+    assert "model random:tiny is randomly initialised: this run checks the plumbing" in result.stderr
+
+
+def start_lines(monkeypatch, caplog, tmp_path, *overrides: str) -> list[str]:
+    """What `ppo-train` logs before the run starts (the run itself stubbed out)."""
+    monkeypatch.setattr("ppo_trainer.trainer.run_training", lambda *args: None)
+    monkeypatch.chdir(tmp_path)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ppo_trainer"):
+        train_main([*overrides, f"trainer.output_dir={tmp_path / 'run'}"])
+    return caplog.messages
+
+
+def test_smoke_says_at_start_that_its_random_model_checks_the_plumbing_not_learning(monkeypatch, caplog, tmp_path):
+    assert ("model random:tiny is randomly initialised: this run checks the plumbing (every phase, checkpoints, "
+            "resume), not learning; a score and val/accuracy of 0 are expected, also from a miswired reward. A run "
+            "that learns: +experiment=digits (docs/learning.md)") in start_lines(monkeypatch, caplog, tmp_path,
+                                                                                "+experiment=smoke")
+    digits = start_lines(monkeypatch, caplog, tmp_path, "+experiment=digits")  # the same random model learns this
+    assert not [line for line in digits if "randomly initialised" in line]
+
+
+def test_a_remote_reward_is_named_at_start_with_its_url_and_the_reward_model(monkeypatch, caplog, tmp_path):
+    import threading
+
+    from ppo_trainer.rewards.serving import function_scorer
+    from ppo_trainer.serve_reward import make_server
+
+    server = make_server(function_scorer("ppo_trainer.rewards.math:score"), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/get_reward"
+    try:
+        lines = start_lines(monkeypatch, caplog, tmp_path, "+experiment=smoke", "reward.fn=null",
+                            f"reward.remote.url={url}", "reward.remote.coef=0.5", "reward.model.path=random:tiny-reward",
+                            "eval.reward_fn=ppo_trainer.rewards.math:score")
+    finally:
+        server.shutdown()
+        server.server_close()
+    (line,) = [line for line in lines if line.startswith("reward: ")]
+    assert line.startswith("reward: 1 x reward model random:tiny-reward (")
+    assert line.endswith(f" + 0.5 x reward server {url}; validation accuracy by ppo_trainer.rewards.math:score")

@@ -1,14 +1,20 @@
 """The dry run's memory plan: parameter counts from a model's dimensions, each role's share of its
-device, the shared device's peak, and a warning naming the keys when a device would not hold it."""
+device, the shared device's peak, a total rebuilt from the lines above it with a margin the
+measured peaks justify, and a warning naming the keys when a device would not hold it."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
 from ppo_trainer.plan import memory as memory_plan
 from ppo_trainer.config.composition import compose
 from ppo_trainer.config.derived import uses_reference
-from ppo_trainer.plan.memory import GIB, KNOWN_DIMS, Dims, activation_bytes, model_dims
+from ppo_trainer.plan.memory import GIB, KNOWN_DIMS, MEMORY_MARGIN, PROCESS_BASELINE, Dims, activation_bytes, model_dims
+
+PERFORMANCE_MD = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 
 
 def test_parameter_counts_match_the_published_models():
@@ -52,7 +58,7 @@ def test_a_shared_device_holds_what_stays_plus_the_busiest_phase():
     rollout = memory_plan.rollout_line(cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], None)
     stays = sum(v for line in (actor, critic) for k, v in line.parts.items() if k not in memory_plan.TRANSIENT)
     busiest = max(sum(line.parts.get(k, 0) for k in memory_plan.TRANSIENT) for line in (actor, critic))
-    expected = stays + busiest + rollout.total + memory_plan.PROCESS_BASELINE
+    expected = (stays + busiest + rollout.total + PROCESS_BASELINE) * (1 + MEMORY_MARGIN)
     total = next(line for line in lines if line.startswith("  total"))
     assert total.startswith(f"  total        {expected / GIB:.2f} GiB per device")
     assert rollout.parts["weights"] == 2 * 4 * 134_515_008  # the CPU build keeps two float32 copies
@@ -95,3 +101,62 @@ def test_vllm_memory_is_sized_one_way_only():
         compose(["sampler=vllm", "sampler.vllm.kv_cache_gb=2", "sampler.vllm.gpu_memory_utilization=0.4"])
     with pytest.raises(ConfigError, match="unknown config key 'sampler.vllm.cpu_kv_cache_gb'.*kv_cache_gb"):
         compose(["sampler=vllm", "sampler.vllm.cpu_kv_cache_gb=1"])
+
+
+def numbers(line: str) -> list[float]:
+    """The GiB figures of a plan line, in order."""
+    return [float(x) for x in re.findall(r"\d+\.\d\d", line)]
+
+
+def plan_lines(*overrides: str) -> dict[str, str]:
+    cfg = compose(list(overrides))
+    return {line.split()[0]: line for line in memory_plan.memory_plan(cfg, uses_reference(cfg)) if line.startswith("  ")}
+
+
+@pytest.mark.parametrize("experiment", ["smoke", "gsm8k_cpu"])
+def test_on_a_cpu_the_total_is_the_roles_plus_the_process_plus_the_margin_each_on_its_own_line(experiment):
+    lines = plan_lines(f"+experiment={experiment}")
+    roles, process, margin, total = (numbers(lines[name])[0] for name in ("roles", "process", "margin", "total"))
+    assert process == PROCESS_BASELINE / GIB
+    assert margin == pytest.approx(MEMORY_MARGIN * (roles + process), abs=0.01)
+    assert total == pytest.approx(roles + process + margin, abs=0.015)
+    assert lines["total"].endswith(f"= roles {roles:.2f} + process {process:.2f} + margin {margin:.2f}")
+    kept, busiest, rollout = numbers(lines["roles"])[1:]
+    assert roles == pytest.approx(kept + busiest + rollout, abs=0.015)
+    assert rollout == numbers(lines["rollout"])[0]
+
+
+def test_the_gsm8k_cpu_total_by_hand():
+    """What stays 1.86 (LoRA actor 0.29 + 0.04 + 0.07, critic 0.50 + 1.00) + the critic's update 1.65
+    (gradients 0.50, gathered 0.06, activations 1.09) + the rollout 1.10 = 4.61; + 0.60 = 5.21; x 1.25."""
+    lines = plan_lines("+experiment=gsm8k_cpu")
+    assert numbers(lines["roles"]) == [4.61, 1.86, 1.65, 1.10]
+    assert numbers(lines["total"]) == [6.52, 4.61, 0.60, 1.30]
+
+
+def test_with_vllm_asleep_on_a_shared_gpu_the_roles_take_the_larger_of_training_and_the_rollout():
+    lines = plan_lines("+experiment=gsm8k", "devices=colocated")
+    roles, kept, training, rollout = numbers(lines["roles"])
+    assert roles == pytest.approx(kept + max(training, rollout), abs=0.015)
+    assert "process" not in lines  # the process lives in host memory, not on the GPU
+    assert numbers(lines["total"])[0] == pytest.approx(roles * (1 + MEMORY_MARGIN), abs=0.015)
+
+
+def test_each_role_on_its_own_devices_gets_its_line_plus_the_margin():
+    lines = plan_lines("+experiment=gsm8k", "devices=multi_gpu")
+    for role in ("actor", "critic", "rollout"):
+        line_total = numbers(lines[role])[0]
+        share = re.search(rf"{role} (\d+\.\d\d) \+ (\d+\.\d\d) = (\d+\.\d\d)", lines["total"])
+        assert [float(x) for x in share.groups()] == pytest.approx(
+            [line_total, line_total * MEMORY_MARGIN, line_total * (1 + MEMORY_MARGIN)], abs=0.015)
+
+
+def test_the_margin_covers_the_resident_peaks_measured_against_the_plan_in_docs_performance():
+    """docs/performance.md's table: the plan with the process and the peak resident set, per recipe."""
+    section = PERFORMANCE_MD.read_text().split("## The memory plan against measured peaks")[1].split("\n## ")[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and "%" in line]
+    assert len(rows) == 2
+    for row in rows:
+        with_process, resident = float(row[4]), float(row[5])
+        assert with_process * (1 + MEMORY_MARGIN) >= resident, row[0]
