@@ -107,12 +107,11 @@ def _run_training(cfg: DictConfig) -> Optional[float]:
             with engine_output_to_file(output_dir / "engine.log", cfg.trainer.verbose):
                 from ppo_trainer.trainer import run_training  # after the engines' log levels are set
 
-                log.info("dtypes: %s", dtype_summary(cfg))
+                start = [f"dtypes: {dtype_summary(cfg)}"]
                 if cfg.reward.remote.url:  # the score comes from elsewhere: say where (credentials masked)
-                    log.info("reward: %s", reward_summary(cfg))
-                if (note := random_model_note(cfg)) is not None:
-                    log.info("%s", note)
-                return run_training(cfg, _typed_command)
+                    start.append(f"reward: {reward_summary(cfg)}")
+                start += [note for note in [random_model_note(cfg)] if note is not None]
+                return run_training(cfg, _typed_command, start)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one finishes the step and saves)
         from ppo_trainer.run.checkpoint import last_checkpoint_line
 

@@ -4,26 +4,33 @@ either as one line (its message names the key, file, row, role or checkpoint), w
 - `InputError`: something the user gave is wrong (a config key, a file, a data row, a device
   request, a checkpoint to resume); found before anything trains: exit 2.
 - `RunError`: the run failed while it trained (a reward that cannot score, a worker that died, a
-  save that failed); its message names the last complete checkpoint (`checkpoint`, which the
-  driver sets on every RunError that leaves a run): exit 1, or `exit_code`."""
+  save that failed): exit 1, or `exit_code`.
+The driver adds the last complete checkpoint (`StopError.checkpoint`) to every RunError that leaves
+a run, and to an InputError found after the models loaded (a reward's result at a validation)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 
-class InputError(ValueError):
+class StopError(Exception):
+    """What both kinds share: the message, and then where the run stands when the driver set it
+    (`checkpoint`: "the last complete checkpoint is ...", unless the message says it already)."""
+
+    checkpoint: Optional[str] = None
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return message if self.checkpoint is None or self.checkpoint in message else f"{message}; {self.checkpoint}"
+
+
+class InputError(StopError, ValueError):
     """A problem with the user's input: exit 2."""
 
     exit_code = 2
 
 
-class RunError(RuntimeError):
+class RunError(StopError, RuntimeError):
     """A failure during the run: exit 1 (a stop by a signal: 128 + its number)."""
 
     exit_code = 1
-    checkpoint: Optional[str] = None  # where the run stands ("the last complete checkpoint is ..."), set by the driver
-
-    def __str__(self) -> str:
-        message = super().__str__()
-        return message if self.checkpoint is None or self.checkpoint in message else f"{message}; {self.checkpoint}"

@@ -41,7 +41,7 @@ from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import Worker, WorkerError
-from ppo_trainer.errors import RunError
+from ppo_trainer.errors import InputError, RunError
 
 log = logging.getLogger("ppo_trainer")
 
@@ -408,23 +408,29 @@ def scorers_of(cfg: DictConfig, groups: dict[str, WorkerGroup],
     return training, validation or function or training.raw()
 
 
-def run_training(cfg: DictConfig, command: Sequence[str] = ()) -> Optional[float]:
+def run_training(cfg: DictConfig, command: Sequence[str] = (), start_lines: Sequence[str] = ()) -> Optional[float]:
     """Make the config's paths absolute, hold the output folder (`run_folder.exclusive`), build, fit,
     and release the workers; returns the objective for Hydra sweepers. A finished run is not loaded
     again: its summary is printed (`trainer_state.finished_run`). A RunError leaves naming the last
-    complete checkpoint. `command`: the command line as typed (masked), for command.txt."""
+    complete checkpoint. `command`: the command line as typed (masked), for command.txt;
+    `start_lines`: what the console says when a run starts (the CLI's dtypes, reward and notes)."""
     output_dir = run_folder.absolute_output_dir(absolute_paths(cfg))
     with run_folder.exclusive(output_dir):
         finished = trainer_state.finished_run(cfg, output_dir)
         if finished is not None:
             print(finished[0], file=console_stream(), flush=True)
             return finished[1]
+        for line in start_lines:
+            log.info("%s", line)
         try:
             trainer = Trainer.from_config(cfg, command)
-            try:
-                return trainer.fit()
-            finally:
-                trainer.close()
         except RunError as e:
             e.checkpoint = checkpoint.last_checkpoint_line(output_dir)
             raise
+        try:
+            return trainer.fit()
+        except (InputError, RunError) as e:  # the models loaded: say where the run stands
+            e.checkpoint = checkpoint.last_checkpoint_line(output_dir)
+            raise
+        finally:
+            trainer.close()

@@ -68,7 +68,7 @@ def check_saved_files(cfg: Any, run_config: Path) -> None:
     as typed, and those are read against the current folder, as the run read them."""
     for path in OmegaConf.select(cfg, "data.val_files") or []:
         if not Path(path).expanduser().is_file():
-            older = "" if os.path.isabs(path) else " (relative, as an older version saved it: read here)"
+            older = "" if os.path.isabs(path) else " (saved relative by an older version: read here)"
             raise ConfigError(f"data.val_files: {path}{older} does not exist; it came from the run's config "
                               f"({run_config}): pass data.val_files=[...] with files that are here, or put the file "
                               "back where the run read it")

@@ -1,6 +1,7 @@
 """Every way a run stops after its models load ends with a line saying whether a checkpoint exists
-and what a rerun does: a reward that fails mid-run (exit 1, one line) and a failure nothing
-foresaw (exit 1, its traceback and then that line)."""
+and what a rerun does: a reward that fails mid-run (exit 1, one line), a config error only a
+validation can find (exit 2, one line) and a failure nothing foresaw (exit 1, its traceback and
+then that line)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,25 @@ def test_a_reward_that_fails_after_a_save_stops_naming_the_last_complete_checkpo
     assert exit_info.value.code == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("ppo-train: stopped: ") and "ValueError: the judge went away" in line
+    assert line.endswith(f"; {SAVED}")
+
+
+def test_a_config_error_a_validation_finds_after_a_save_names_the_last_complete_checkpoint(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """reward.correct_score given to a function that returns its own `acc`: found when validation
+    scores, here at step 2 of a run resumed from step 1."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "stop_lines_acc_reward.py").write_text(
+        "def reward(response, ground_truth):\n    return {'score': 0.0, 'acc': False}\n")
+    monkeypatch.chdir(tmp_path)
+    train_main([*SMOKE, f"trainer.output_dir={tmp_path / 'run'}", "trainer.stop_after_steps=1"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        train_main([*SMOKE, f"trainer.output_dir={tmp_path / 'run'}", "reward.fn=stop_lines_acc_reward:reward",
+                    "reward.correct_score=0.5"])
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("ppo-train: config error: 'reward.correct_score' is 0.5, but reward.fn returns 'acc'")
     assert line.endswith(f"; {SAVED}")
 
 

@@ -3,7 +3,6 @@ second Ctrl-C as one line naming the last complete checkpoint."""
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -91,26 +90,24 @@ def test_a_smoke_run_shows_only_its_own_lines_and_ends_with_the_block(tmp_path):
     assert "model random:tiny is randomly initialised: this run checks the plumbing" in result.stderr
 
 
-def start_lines(monkeypatch, caplog, tmp_path, *overrides: str) -> list[str]:
-    """What `ppo-train` logs before the run starts (the run itself stubbed out)."""
-    monkeypatch.setattr("ppo_trainer.trainer.run_training", lambda *args: None)
+def start_lines(monkeypatch, tmp_path, *overrides: str) -> list[str]:
+    """What `ppo-train` gives the run to say when it starts (the run itself stubbed out)."""
+    given: list[str] = []
+    monkeypatch.setattr("ppo_trainer.trainer.run_training", lambda cfg, command, lines: given.extend(lines))
     monkeypatch.chdir(tmp_path)
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="ppo_trainer"):
-        train_main([*overrides, f"trainer.output_dir={tmp_path / 'run'}"])
-    return caplog.messages
+    train_main([*overrides, f"trainer.output_dir={tmp_path / 'run'}"])
+    return given
 
 
-def test_smoke_says_at_start_that_its_random_model_checks_the_plumbing_not_learning(monkeypatch, caplog, tmp_path):
+def test_smoke_says_at_start_that_its_random_model_checks_the_plumbing_not_learning(monkeypatch, tmp_path):
     assert ("model random:tiny is randomly initialised: this run checks the plumbing (every phase, checkpoints, "
             "resume), not learning; a score and val/accuracy of 0 are expected, also from a miswired reward. A run "
-            "that learns: +experiment=digits (docs/learning.md)") in start_lines(monkeypatch, caplog, tmp_path,
-                                                                                "+experiment=smoke")
-    digits = start_lines(monkeypatch, caplog, tmp_path, "+experiment=digits")  # the same random model learns this
+            "that learns: +experiment=digits (docs/learning.md)") in start_lines(monkeypatch, tmp_path, "+experiment=smoke")
+    digits = start_lines(monkeypatch, tmp_path, "+experiment=digits")  # the same random model learns this
     assert not [line for line in digits if "randomly initialised" in line]
 
 
-def test_a_remote_reward_is_named_at_start_with_its_url_and_the_reward_model(monkeypatch, caplog, tmp_path):
+def test_a_remote_reward_is_named_at_start_with_its_url_and_the_reward_model(monkeypatch, tmp_path):
     import threading
 
     from ppo_trainer.rewards.serving import function_scorer
@@ -120,7 +117,7 @@ def test_a_remote_reward_is_named_at_start_with_its_url_and_the_reward_model(mon
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/get_reward"
     try:
-        lines = start_lines(monkeypatch, caplog, tmp_path, "+experiment=smoke", "reward.fn=null",
+        lines = start_lines(monkeypatch, tmp_path, "+experiment=smoke", "reward.fn=null",
                             f"reward.remote.url={url}", "reward.remote.coef=0.5", "reward.model.path=random:tiny-reward",
                             "eval.reward_fn=ppo_trainer.rewards.math:score")
     finally:
