@@ -384,9 +384,9 @@ def validation_scorer(cfg: Any) -> Scorer:
 
 def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     """`ppo-eval`: every `model.path` of `overrides` on the same problems, responses written where
-    `eval_output_file` says, the engines' output into engine.log beside the first model's. A run's checkpoint uses the
-    run's config under the overrides (`eval_config`) and its sampler; any other model vLLM if installed,
-    else HF. eval.n samples per prompt seeded as the run's validation of the checkpoint's step.
+    `eval_output_file` says, the engines' output into engine.log beside the first model's. A run's
+    checkpoint uses the run's config under the overrides (`eval_config`) and its sampler; any other
+    model vLLM if installed, else HF. eval.n samples per prompt seeded as the run's validation of the checkpoint's step.
     Each result is `evaluate_records`' plus `model`, `step`, `temperature` (None: greedy) and `seconds`."""
     import dataclasses
     import gc

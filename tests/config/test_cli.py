@@ -153,3 +153,19 @@ def test_ppo_eval_help_says_what_eval_n_does_and_where_the_responses_go(tmp_path
     assert "greedy decoding by default; eval.n=N samples N responses per prompt at eval.temperature" in text
     assert "mean@N and pass@N" in text and "Greedy accuracy" not in text
     assert "a checkpoint's into <run>/eval/global_step_N.jsonl, any other model's into eval.jsonl here" in text
+
+
+@pytest.mark.parametrize("output_file, checkpoint, index, count, expected", [
+    (None, True, 0, 1, "/runs/a/eval/global_step_7.jsonl"),  # a checkpoint: its run's eval/ folder
+    (None, True, 1, 2, "/runs/a/eval/global_step_7.jsonl"),  # named by its step, among several too
+    (None, False, 0, 1, "eval.jsonl"),  # any other model: the current folder
+    (None, False, 1, 2, "eval.1.jsonl"),
+    ("out/e.jsonl", True, 0, 1, "out/e.jsonl"),  # eval.output_file wins
+    ("out/e.jsonl", False, 1, 2, "out/e.1.jsonl"),
+])
+def test_ppo_eval_writes_a_checkpoints_responses_into_its_run_and_any_other_models_here(output_file, checkpoint, index,
+                                                                                       count, expected):
+    from ppo_trainer.cli import eval_output_file
+
+    run_config = Path("/runs/a/checkpoints/global_step_7/state/config.yaml") if checkpoint else None
+    assert eval_output_file(output_file, run_config, 7 if checkpoint else None, index, count) == Path(expected)

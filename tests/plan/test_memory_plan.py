@@ -81,7 +81,7 @@ def test_the_dry_run_prints_the_memory_plan(experiment):
 
     text = describe_plan(compose([f"+experiment={experiment}"]), [])
     section = text.split("# memory plan")[1]
-    for role in ("actor", "critic", "rollout", "total"):
+    for role in ("actor", "critic", "rollout", "roles", "margin", "total"):
         assert f"\n  {role}" in section
 
 
