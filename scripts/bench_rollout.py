@@ -86,7 +86,7 @@ def main() -> None:
         for engine in args.engines.split(","):
             cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", model, engine]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode != 0 or not lines:
                 print(f"{model}/{engine} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
                 continue

@@ -143,7 +143,6 @@ def resume_round_trip(cfg: Any) -> dict[str, Any]:
 
     from ppo_trainer.engine.actor import ActorEngine
     from ppo_trainer.engine.critic import CriticEngine
-    from ppo_trainer.run import trainer_state
     from ppo_trainer.run.folder import absolute_output_dir, exclusive
     from ppo_trainer.trainer import Trainer
 

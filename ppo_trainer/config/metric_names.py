@@ -1,5 +1,5 @@
 """The metrics a run logs (metrics.jsonl and the trackers), as its config decides them: the names
-`trainer.objective` may take. tests/trainer/test_metric_names.py holds them to a smoke run's records."""
+`trainer.objective` may take. tests/config/test_metric_names.py holds them to a smoke run's records."""
 
 from __future__ import annotations
 

@@ -26,9 +26,12 @@ class LocalWorkers:
 
     def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
         (args,) = args_per_replica
-        overdue = (lambda: f"the {self.role} worker's {method} did not return within trainer.worker_timeout_s="
-                   f"{self.timeout_s:g} s; stopped (the stack of every thread follows on stderr, in engine.log "
-                   "unless trainer.verbose)")
+
+        def overdue() -> str:
+            return (f"the {self.role} worker's {method} did not return within trainer.worker_timeout_s="
+                    f"{self.timeout_s:g} s; stopped (the stack of every thread follows on stderr, in engine.log "
+                    "unless trainer.verbose)")
+
         with watchdog.deadline(self.timeout_s, overdue):
             return [self.worker.call(method, *args, **kwargs)]
 

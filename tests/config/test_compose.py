@@ -73,7 +73,7 @@ def test_single_file_path_is_accepted_for_list_keys():
 
 def test_data_source_files_needs_files_only_for_the_split_that_is_loaded():
     """ppo-eval reads only the validation split; training stops on the empty data.train_files when
-    it loads the data, before any model (tests/reliability/test_bad_input.py)."""
+    it loads the data, before any model (tests/test_cli_input_errors.py)."""
     assert list(compose(["data.source=files", "data.val_files=test.jsonl"]).data.train_files) == []
 
 

@@ -16,8 +16,8 @@ START = time.time()
 
 import torch  # noqa: E402
 
-from engine_cases import SMALL_BUDGET, make_actor, make_critic, one_step
-from ppo_trainer.engine.microbatch import fill_by_cost, micro_batch_units
+from engine_cases import SMALL_BUDGET, make_actor, make_critic, one_step  # noqa: E402
+from ppo_trainer.engine.microbatch import fill_by_cost, micro_batch_units  # noqa: E402
 
 
 def log(message: str) -> None:

@@ -26,7 +26,7 @@ from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster.placement import plan_placement
 from ppo_trainer.workers.group import build_groups
 
-from .conftest import computing_on_cpu, node_info, ray_overrides
+from ..conftest import computing_on_cpu, node_info, ray_overrides
 
 ray = pytest.importorskip("ray")
 

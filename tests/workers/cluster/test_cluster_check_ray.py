@@ -16,7 +16,7 @@ import pytest
 from ppo_trainer.cli import train_main
 from ppo_trainer.config.composition import compose
 
-from .conftest import ray_overrides
+from ..conftest import ray_overrides
 
 ray = pytest.importorskip("ray")
 

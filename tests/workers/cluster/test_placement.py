@@ -13,7 +13,7 @@ from ppo_trainer.config.composition import compose
 from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster.placement import PlacementError, plan_placement
 
-from .conftest import computing_on_cpu, node_info, ray_overrides
+from ..conftest import computing_on_cpu, node_info, ray_overrides
 
 ray = pytest.importorskip("ray")
 

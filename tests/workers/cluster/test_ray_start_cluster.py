@@ -27,7 +27,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 RAY = str(Path(sys.executable).with_name("ray"))
 TRAIN = "import sys; from ppo_trainer.cli import train_main; train_main(sys.argv[1:])"
 START_NODE = ("import sys, ray._private.services as services; services.resolve_ip_for_localhost = lambda host: host; "

@@ -147,6 +147,35 @@ def test_ppo_eval_help_lists_the_model_path_forms(tmp_path):
     assert "checkpoints/latest" in result.stdout
 
 
+@pytest.mark.parametrize("output_dir", ["taken", "taken/run"])
+@pytest.mark.parametrize("sweep", [[], ["--multirun", "gae.lam=0.9,0.95", "hydra.sweep.dir=sweep"]],
+                         ids=["run", "sweep"])
+def test_an_output_dir_that_is_a_file_exits_2_in_one_line_naming_the_key_and_the_file(tmp_path, output_dir, sweep):
+    (tmp_path / "taken").write_text("a file of the user's\n")
+    result = ppo_train(*sweep, "+experiment=smoke", f"trainer.output_dir={output_dir}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == (3 if sweep else 1)  # a sweep: Hydra's "Launching" and "#0" lines first
+    assert lines[-1] == (f"ppo-train: config error: trainer.output_dir={output_dir}: {tmp_path / 'taken'} is a file, "
+                         "not a folder; choose another trainer.output_dir, or move the file away")
+    assert (tmp_path / "taken").read_text() == "a file of the user's\n"
+
+
+def test_an_output_dir_that_is_a_file_is_refused_before_hydra_writes_anything(tmp_path):
+    (tmp_path / "taken").write_text("")
+    result = ppo_train("+experiment=smoke", "trainer.output_dir=taken", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_a_dry_run_sweep_into_a_folder_of_the_users_records_each_plan_in_the_job_folder(tmp_path):
+    result = ppo_train("--multirun", "+experiment=smoke", "trainer.dry_run=true", "gae.lam=0.9,0.95",
+                       "trainer.output_dir=runs", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "lam=0.95" in (tmp_path / "sweep" / "1" / "plan.txt").read_text()
+    assert not (tmp_path / "runs").exists(), "a dry run writes no run folder"
+
+
 def test_ppo_eval_help_says_what_eval_n_does_and_where_the_responses_go(tmp_path):
     result = ppo_eval("--help", cwd=tmp_path)
     text = " ".join(result.stdout.split())  # argparse wraps lines

@@ -13,7 +13,7 @@ import pytest
 from ppo_trainer.cli import train_main
 from ppo_trainer.console import engine_output_to_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 ENGINE_CHATTER = """

@@ -26,7 +26,7 @@ from ppo_trainer import serve_reward
 from ppo_trainer.rewards.serving import function_scorer, model_scorer
 from ppo_trainer.serve_reward import main, make_server
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 JUDGE = """
 import math, threading, time
