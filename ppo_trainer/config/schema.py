@@ -239,13 +239,30 @@ class DevicesConfig:  # where the roles run: backend, accelerator, devices per r
     ray: RayConfig = field(default_factory=RayConfig)
 
 
+ARITHMETIC_OPERATIONS = ("+", "-", "*", "/")  # the one-step problems of data/arithmetic.py, by operation
+ARITHMETIC_TWO_STEP = ("+-", "*+", "*-")  # its two-step problems: the first operation, then the second
+
+
 @dataclass
-class ArithmeticConfig:  # the built-in generator of easy GSM8K-format word problems
+class ArithmeticConfig:  # the built-in generator of easy GSM8K-format word problems (docs/data.md)
     train_size: int = field(default=20000, metadata=at_least(1))  # distinct training problems
     val_size: int = field(default=256, metadata=at_least(1))  # distinct validation problems (none of them in training)
-    max_operand: int = field(default=20, metadata=at_least(2))  # the largest number in a problem
-    two_step_fraction: float = field(default=0.3, metadata=within("[0, 1]"))  # share of problems with two operations
-    seed: int = 0  # draws of the problems
+    max_operand: int = field(default=20, metadata=at_least(2))  # the largest number in a training problem
+    # share of training problems with two operations
+    two_step_fraction: float = field(default=0.3, metadata=within("[0, 1]"))
+    # the operations of training problems; a two-step problem needs both of its own (+ then -, * then +, * then -)
+    operations: list[str] = field(default_factory=lambda: list(ARITHMETIC_OPERATIONS),
+                                  metadata=choice(*ARITHMETIC_OPERATIONS))
+    seed: int = 0  # draws of the training problems
+    # the validation set's largest number (the set has every operation); None: max_operand's. Set it (and
+    # val_two_step_fraction) to keep the frozen set when the training curriculum changes
+    val_max_operand: Optional[int] = field(default=None, metadata=at_least(2, null="for max_operand's"))
+    # the validation set's share of two-step problems; None: two_step_fraction's
+    val_two_step_fraction: Optional[float] = field(default=None, metadata=within(
+        "[0, 1]", null="for two_step_fraction's"))
+    # a second frozen validation set, data_source arithmetic/hard: two operations each; 0: none
+    hard_val_size: int = field(default=0, metadata=at_least(0))
+    hard_max_operand: int = field(default=50, metadata=at_least(2))  # the hard set's largest number
 
 
 @dataclass

@@ -12,7 +12,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ppo_trainer.config import metric_names
 from ppo_trainer.config.derived import batch_arithmetic
-from ppo_trainer.config.schema import ConfigError, PPOConfig, RewardConfig, Rule, schema_rules
+from ppo_trainer.config.schema import (ARITHMETIC_OPERATIONS, ARITHMETIC_TWO_STEP, ConfigError, PPOConfig, RewardConfig,
+                                       Rule, schema_rules)
 from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.config.overrides import check_key, unknown_key_error
 from ppo_trainer.config.secrets import has_credentials, redact_url
@@ -150,6 +151,8 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         answer_tokens = d.digits.length if d.digits.task == "reverse" else 1
         _require(s.max_new_tokens >= answer_tokens, "sampler.max_new_tokens",
                  f"({s.max_new_tokens}) is too short for the longest data.digits answer ({answer_tokens} tokens)")
+    if d.source == "arithmetic":
+        _arithmetic_checks(d.arithmetic)
     _reward_checks(cfg)
 
     if dev.backend == "local":
@@ -167,6 +170,19 @@ def url_credentials_error(url: str) -> ConfigError:
                        "does not send and which would show wherever the URL is printed or saved; remove them and "
                        "give the server's token with reward.remote.token=... or $PPO_REWARD_TOKEN (sent as "
                        "'Authorization: Bearer <token>')")
+
+
+def _arithmetic_checks(ar: DictConfig) -> None:
+    """Training operations that can make the problems asked for: at least one, and a two-step form
+    (ARITHMETIC_TWO_STEP) among them when two_step_fraction > 0."""
+    ops = list(ar.operations)
+    _require(bool(ops), "data.arithmetic.operations",
+             f"is empty; list at least one of {', '.join(ARITHMETIC_OPERATIONS)}")
+    forms = ", ".join(f"{form[0]} then {form[1]}" for form in ARITHMETIC_TWO_STEP)
+    _require(ar.two_step_fraction == 0 or any(set(form) <= set(ops) for form in ARITHMETIC_TWO_STEP),
+             "data.arithmetic.two_step_fraction", f"is {ar.two_step_fraction}, but data.arithmetic.operations "
+             f"[{', '.join(ops)}] make no two-step problem ({forms}); add the operations of one, or set "
+             "data.arithmetic.two_step_fraction=0")
 
 
 def _reward_checks(cfg: DictConfig) -> None:

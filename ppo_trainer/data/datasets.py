@@ -189,14 +189,15 @@ def read_split(cfg: DataConfig, split: str) -> list[RowSource]:
     if cfg.source == "files":
         raise DataError(f"{key} is empty; data.source=files needs jsonl or parquet files: {FILES_HINT}")
     if cfg.source in GENERATED:
-        generate = arithmetic.generate_problems if cfg.source == "arithmetic" else digits.generate_rows
-        try:
-            problems = generate(getattr(cfg, cfg.source), split)
+        try:  # by data_source: the arithmetic generator validates on two sets
+            sets = (arithmetic.generate_sources(cfg.arithmetic, split) if cfg.source == "arithmetic"
+                    else {cfg.source: digits.generate_rows(cfg.digits, split)})
         except ValueError as e:
             raise DataError(str(e)) from None
         what = f"{cfg.digits.task}, {split}" if cfg.source == "digits" else split
-        rows = [RawRow(f"{cfg.source}[{split}] row {i}", row) for i, row in enumerate(problems)]
-        return [RowSource(f"the {cfg.source} generator ({what})", cfg.source, rows, PLAIN_KEYS)]
+        return [RowSource(f"the {cfg.source} generator ({what if name == cfg.source else f'{name}, {split}'})", name,
+                          [RawRow(f"{name}[{split}] row {i}", row) for i, row in enumerate(problems)], PLAIN_KEYS)
+                for name, problems in sets.items()]
     hub_split = cfg.train_split if split == "train" else cfg.val_split
     return [RowSource(f"{cfg.source}[{hub_split}]", cfg.source, read_hub(cfg.source, cfg.hub_config, hub_split))]
 
@@ -208,6 +209,8 @@ def describe_split(cfg: DataConfig, split: str) -> str:
         return f"data.{split}_files " + ", ".join(files)
     if cfg.source == "files":
         return f"data.{split}_files, which is empty"
+    if cfg.source == "arithmetic":
+        return f"the arithmetic generator: {arithmetic.describe(cfg.arithmetic, split)}"
     if cfg.source in GENERATED:
         return f"the {cfg.source} generator"
     return f"{cfg.source}[{cfg.train_split if split == 'train' else cfg.val_split}] from the hub"

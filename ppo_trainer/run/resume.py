@@ -31,6 +31,7 @@ REFUSED = (
     "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.train_weights",
     "data.prompt_key", "data.answer_key", "data.source_key", "data.shuffle", "data.train_batch_size",
     "data.arithmetic.train_size", "data.arithmetic.max_operand", "data.arithmetic.two_step_fraction",
+    "data.arithmetic.operations",
     "data.arithmetic.seed", "data.digits.task", "data.digits.min_length", "data.digits.length",
     "data.digits.train_size", "data.digits.seed",
     "sampler.n", "trainer.seed",

@@ -185,6 +185,16 @@ def test_arithmetic_source_gives_the_frozen_validation_set(tokenizer: Any) -> No
     assert {r.data_source for r in val + train} == {"arithmetic"}
 
 
+def test_arithmetic_hard_set_is_a_second_validation_source_named_by_row(tokenizer: Any) -> None:
+    cfg = DataConfig(source="arithmetic", max_prompt_length=512,
+                     arithmetic=ArithmeticConfig(train_size=50, hard_val_size=8))
+    val = load_prompts(cfg, tokenizer, "val")
+    assert [r.data_source for r in val] == ["arithmetic"] * 256 + ["arithmetic/hard"] * 8
+    assert (val[255].where, val[256].where, val[256].origin) == (
+        "arithmetic[val] row 255", "arithmetic/hard[val] row 0", "the arithmetic generator (arithmetic/hard, val)")
+    assert {r.data_source for r in load_prompts(cfg, tokenizer, "train")} == {"arithmetic"}
+
+
 def test_digits_source_gives_one_token_per_character_prompts(tokenizer: Any) -> None:
     cfg = DataConfig(source="digits", prompt_template="{question}", instruction="", use_chat_template=False,
                      digits=DigitsConfig(task="reverse", length=3, train_size=40, val_size=8))
@@ -356,8 +366,9 @@ def test_val_files_are_read_for_validation_whatever_data_source_says(tmp_path: P
 
 def test_the_plan_names_what_each_split_reads() -> None:
     cfg = DataConfig(val_files=["test.parquet"])
-    assert (describe_split(cfg, "train"), describe_split(cfg, "val")) == ("the arithmetic generator",
-                                                                          "data.val_files test.parquet")
+    assert (describe_split(cfg, "train"), describe_split(cfg, "val")) == (
+        "the arithmetic generator: 20000 problems of + - * /, 30% with two operations, numbers up to 20",
+        "data.val_files test.parquet")
     hub = DataConfig(source="openai/gsm8k", train_files=["a.jsonl", "b.parquet"])
     assert describe_split(hub, "train") == "data.train_files a.jsonl, b.parquet"
     assert describe_split(hub, "val") == "openai/gsm8k[test] from the hub"
