@@ -1,5 +1,5 @@
-"""The CPU recipe's data (`+experiment=gsm8k_cpu`): today's one-step validation set and the harder
-one, each reported under its own data_source; prompts that fit the recipe's prompt budget whatever
+"""The CPU recipe's data (`+experiment=gsm8k_cpu`): today's one-step validation set and, with
+data.arithmetic.hard_val_size, a harder one, each reported under its own data_source; prompts that fit the recipe's prompt budget whatever
 the curriculum and instruction; a longer response budget that the config and the strict reward take."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ppo_trainer.rewards.scoring import build_scorer
 from ppo_trainer.rollout.base import assemble_rollout
 
 RECIPE = "+experiment=gsm8k_cpu"
+WITH_HARD_SET = "data.arithmetic.hard_val_size=256"  # the recipe with its second, harder validation set
 TODAYS_VAL = "7d8703fe454be3a4"  # tests/data/test_arithmetic.py TODAY[(10, 0.0)]: the recipe's set before this change
 GSM8K_INSTRUCTION = DataConfig().instruction  # "Let's think step by step and output the final answer after "####"."
 GSM8K_OVERRIDE = 'data.instruction="{}"'.format(GSM8K_INSTRUCTION.replace('"', '\\"'))  # as a shell passes it
@@ -34,7 +35,7 @@ def tokenizer() -> Any:
 
 
 def _data(*overrides: str) -> DataConfig:
-    return OmegaConf.to_object(compose([RECIPE, *overrides]).data)
+    return OmegaConf.to_object(compose([RECIPE, WITH_HARD_SET, *overrides]).data)
 
 
 def test_the_recipe_validates_on_todays_one_step_set_and_a_hard_set(tokenizer: Any) -> None:
@@ -105,7 +106,7 @@ class Oracle:
 
 
 def test_validation_reports_each_set_under_its_own_name_with_long_worked_answers_scored(tokenizer: Any) -> None:
-    cfg = compose([RECIPE])
+    cfg = compose([RECIPE, WITH_HARD_SET, "eval.batch_size=512"])
     records = load_prompts(OmegaConf.to_object(cfg.data), tokenizer, "val")
     oracle = Oracle(tokenizer)
     result = evaluate_records(oracle.generate, records, build_scorer(cfg.reward), pad_id=tokenizer.pad_token_id,
