@@ -44,7 +44,8 @@ COMMIT_ORDER = "commit_order"
 MANIFESTS = "manifest"
 DRIVER_FILES = ("state/trainer.json", "state/rng.pt", "state/config.yaml")  # written by `save_trainer_state`
 # what every committed trainer.json holds (a resume reads them; reward_fingerprint is newer: optional)
-REQUIRED_STATE = ("step", "loader", "kl_ctrl", "nonfinite_streak", "best", "dtypes", "train_data", "reward_norm")
+REQUIRED_STATE = ("step", "loader", "kl_ctrl", "critic_warmup", "nonfinite_streak", "best", "dtypes", "train_data",
+                  "reward_norm")
 
 
 class CheckpointError(InputError):

@@ -19,7 +19,8 @@ VARIANTS = {
                               "algorithm.use_kl_loss=true", "algorithm.use_kl_in_reward=true", "algorithm.critic_warmup=1",
                               "reward.on_error=zero", "gae.kl_ctrl=adaptive", "trainer.total_steps=2",
                               "reward.num_workers=1", "reward.timeout_s=30", "reward.truncation_penalty=0.1",
-                              "reward.overlong_buffer=4"],
+                              "reward.overlong_buffer=4", "algorithm.positive_lm_loss_coef=0.1",
+                              "critic.value_head_init=regression"],
     "no recompute, no reference": ["algorithm.recompute_old_logprobs=false", "gae.kl_coef=0", "trainer.total_steps=1"],
     "sampled validation": ["eval.n=2", "eval.temperature=1.0", "trainer.total_steps=1"],
 }
