@@ -83,7 +83,7 @@ class CriticEngine(FSDPEngine):
                     if not micro.dummy:
                         valid = micro.batch.response_mask.bool()
                         folds = fold[micro.rows][:, None].expand_as(valid)[valid]
-                        stats += fold_statistics(states.float().cpu(), micro.batch.returns[valid], folds)
+                        stats += fold_statistics(states.cpu(), micro.batch.returns[valid], folds)
         finally:
             self.module.reshard()  # the root keeps its parameters gathered after a forward
             self.module.train(was_training)

@@ -82,7 +82,8 @@ class ValueModel(nn.Module):
         return list(self.backbone.get_decoder().layers)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                response_mask: torch.Tensor, with_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                response_mask: torch.Tensor,
+                with_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """values [B, T] float32 from input_ids, attention_mask, position_ids [B, P+T] and response_mask
         [B, T] (T >= 1, P >= 1); 0 where response_mask is 0. `with_states`: (values, the [N, H]
         states the head read, one per valid response token in the row-major order of the mask), what a
