@@ -57,6 +57,7 @@ class Batch:
     | advantages      | [B, T]    | GAE advantages (whitened if gae.normalize_advantages)          |
     | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
+    | positive        | [B]       | True on the responses the positive-example LM loss imitates    |
 
     Non-tensor fields are per-row lists (prompt_text: the prompt's display text; prompt_messages: its
     chat turns, which a reward model renders in its own template; ground_truth, data_source,
@@ -77,6 +78,7 @@ class Batch:
     advantages: Optional[torch.Tensor] = _response()
     returns: Optional[torch.Tensor] = _response()
     truncated: Optional[torch.Tensor] = None
+    positive: Optional[torch.Tensor] = None
     prompt_text: Optional[list[str]] = None
     prompt_messages: Optional[list[list[dict[str, Any]]]] = None
     response_text: Optional[list[str]] = None

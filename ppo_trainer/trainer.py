@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from ppo_trainer.run import checkpoint, folder as run_folder, resume, trainer_state
 from ppo_trainer.batch import Batch
 from ppo_trainer.core import advantages
+from ppo_trainer.core.critic_warmup import CriticWarmup
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
@@ -81,6 +82,7 @@ class Trainer:
         self.scorer, self.val_scorer = scorers or scorers_of(cfg, groups)
         g = cfg.gae
         self.kl_ctrl = AdaptiveKL(g.kl_coef, g.kl_target, g.kl_horizon) if g.kl_ctrl == "adaptive" else FixedKL(g.kl_coef)
+        self.critic_warmup = CriticWarmup(cfg.algorithm.critic_warmup, cfg.algorithm.critic_warmup_explained_var)
         self.uses_reference = uses_reference(cfg)
         self.kl_in_reward = kl_in_reward(cfg)
         self.step = 0
@@ -244,6 +246,10 @@ class Trainer:
                     ref = self.actor.run_split(ActorEngine.compute_ref_logprobs, batch)
                     batch = batch.with_fields(ref_logprobs=ref)
             with timer("values"):
+                if step == 1 and cfg.critic.value_head_init == "regression":  # before the critic's first values
+                    mc = advantages.monte_carlo_returns(batch.scores, batch.old_logprobs, batch.ref_logprobs,
+                                                        batch.response_mask, cfg.gae, kl_coef=self.reward_kl_coef)
+                    metrics.update(self.critic.run_all(CriticEngine.fit_value_head, batch.with_fields(returns=mc))[0])
                 values = self.critic.run_split(CriticEngine.compute_values, batch)
                 batch = batch.with_fields(values=values)
             with timer("adv"):
@@ -251,11 +257,12 @@ class Trainer:
                 metrics.update(adv_metrics)
             with timer("update_critic"):
                 metrics.update(self.guard_nonfinite("critic", self.critic.run_all(CriticEngine.update, batch)[0]))
-            if step > a.critic_warmup:
+            if not self.critic_warmup.active(step):
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all(ActorEngine.update, batch)[0]))
                 with timer("sync"):
                     metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
+            self.critic_warmup.observe(step, metrics["critic/vf_explained_var"])
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)
@@ -284,10 +291,11 @@ class Trainer:
     def compute_advantages(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
         """The batch with advantages and returns (`core.advantages.compute`); steps the KL controller."""
         require_finite_scores(batch.scores.tolist())
-        kl_coef = self.kl_ctrl.value if self.kl_in_reward else 0.0
+        kl_coef = self.reward_kl_coef
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
-                                 batch.response_mask, self.cfg.gae, kl_coef=kl_coef, step=step,
-                                 critic_warmup=self.cfg.algorithm.critic_warmup)
+                                 batch.response_mask, self.cfg.gae, kl_coef=kl_coef,
+                                 warming_up=self.critic_warmup.active(step),
+                                 warmup_phase=self.critic_warmup.metric_phase(step))
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
         if isinstance(self.kl_ctrl, AdaptiveKL):  # a non-finite KL is ignored, counted like a skipped update
@@ -296,6 +304,11 @@ class Trainer:
             self.count_nonfinite("kl_ctrl", skipped, f"the KL ({out.sequence_kl}) is not finite; the adaptive "
                                  f"controller ignored it (coefficient stays {self.kl_ctrl.value:g})")
         return batch.with_fields(advantages=out.advantages, returns=out.returns), metrics
+
+    @property
+    def reward_kl_coef(self) -> float:
+        """The coefficient of the KL penalty in the token rewards: the controller's, 0 without a KL in the reward."""
+        return self.kl_ctrl.value if self.kl_in_reward else 0.0
 
     @contextmanager
     def rollout_awake(self) -> Iterator[None]:

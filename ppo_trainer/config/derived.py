@@ -35,12 +35,24 @@ def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
         "sequences_per_mini_batch": a.ppo_mini_batch_size * n,
         "mini_batches_per_epoch": mini_batches,
         "optimizer_steps_per_ppo_step": mini_batches * a.ppo_epochs,
+        "critic_optimizer_steps_per_ppo_step": mini_batches * critic_epochs(cfg),
         "max_tokens_per_sequence": cfg.data.max_prompt_length + cfg.sampler.max_new_tokens,
         "micro_batch_token_budget": a.ppo_micro_batch_tokens,
     }
 
 
+def critic_epochs(cfg: DictConfig) -> int:
+    """The critic's passes over a step's rollouts: critic.ppo_epochs, else algorithm.ppo_epochs."""
+    return cfg.algorithm.ppo_epochs if cfg.critic.ppo_epochs is None else cfg.critic.ppo_epochs
+
+
 def optimizer_steps(cfg: DictConfig, role: str) -> int:
-    """The cosine horizon of "actor" or "critic"; the actor sits out algorithm.critic_warmup steps."""
-    warmup = cfg.algorithm.critic_warmup if role == "actor" else 0
-    return batch_arithmetic(cfg)["optimizer_steps_per_ppo_step"] * max(1, cfg.trainer.total_steps - warmup)
+    """The cosine horizon of "actor" or "critic". The actor sits out the critic warm-up:
+    algorithm.critic_warmup steps, or with critic_warmup_explained_var at least its first step (the
+    end is known only as it comes: the horizon assumes the earliest, so the schedule never reaches
+    its floor before the run's last step)."""
+    sizes, a = batch_arithmetic(cfg), cfg.algorithm
+    if role == "critic":
+        return sizes["critic_optimizer_steps_per_ppo_step"] * cfg.trainer.total_steps
+    warmup = min(a.critic_warmup, 1) if a.critic_warmup_explained_var is not None else a.critic_warmup
+    return sizes["optimizer_steps_per_ppo_step"] * max(1, cfg.trainer.total_steps - warmup)

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 ALWAYS = (
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean", "critic/values/mean",
-    "critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
+    "critic/vf_explained_var", "critic/vf_error/early", "critic/vf_error/middle", "critic/vf_error/late",
+    "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
     "critic/skipped_steps", "actor/reward_kl_penalty", "actor/kl_coef", "actor/pg_loss", "actor/pg_clipfrac",
     "actor/ppo_kl", "actor/grad_norm", "actor/lr", "actor/skipped_steps", "response_length/mean",
     "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob", "timing_s/values",
@@ -39,6 +40,10 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names.add("actor/kl_loss")
     if a.critic_warmup:
         names |= {"critic/warmup_vf_explained_var_before", "critic/warmup_vf_explained_var_after"}
+    if a.positive_lm_loss_coef > 0:
+        names.add("actor/positive_lm_loss")
+    if cfg.critic.value_head_init == "regression":
+        names |= {"critic/value_head_fit/ridge", "critic/value_head_fit/cv_explained_var"}
     r = cfg.reward
     if r.on_error == "zero":
         names.add("reward/errors")

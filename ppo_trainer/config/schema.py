@@ -121,6 +121,12 @@ class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(
     cpu_offload: bool = False  # as model.cpu_offload
     # values clipped to this distance from the rollout's; None: no clipping
     value_clip: Optional[float] = field(default=0.5, metadata=above(0, null="to disable"))
+    # the critic's passes over each step's rollouts (verl's critic.ppo_epochs); None: algorithm.ppo_epochs
+    ppo_epochs: Optional[int] = field(default=None, metadata=at_least(1, null="for algorithm.ppo_epochs"))
+    # the value head's start: loaded (a saved critic's head, a reward model's score head, else zeros) or
+    # regression: refitted before the first values, backbone frozen, by ridge regression on step 1's
+    # Monte Carlo returns (docs/learning.md)
+    value_head_init: str = field(default="loaded", metadata=choice(*choices.VALUE_HEAD_INITS))
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # the critic's own AdamW, as in verl
 
 
@@ -193,7 +199,12 @@ class AlgorithmConfig:  # the PPO update: epochs, mini-batches, clipping, loss t
     dual_clip: Optional[float] = field(default=None, metadata=above(1, null="to disable"))
     loss_agg_mode: str = field(default="token-mean", metadata=choice(*choices.AGG_MODES))  # how token losses make the loss
     entropy_coef: float = field(default=0.0, metadata=at_least(0))  # weight of the entropy bonus in the actor's loss
-    critic_warmup: int = field(default=0, metadata=at_least(0))  # PPO steps that update only the critic
+    # PPO steps that update only the critic; with critic_warmup_explained_var, the most
+    critic_warmup: int = field(default=0, metadata=at_least(0))
+    # the critic warm-up ends after the step whose critic/vf_explained_var reaches this (VAPO's value
+    # pre-training); None: it lasts algorithm.critic_warmup steps
+    critic_warmup_explained_var: Optional[float] = field(default=None, metadata=within(
+        "(0, 1]", null="for a warm-up of exactly algorithm.critic_warmup steps"))
     use_kl_loss: bool = False  # KL to the reference as a loss term (kl_loss_coef, kl_loss_type)
     use_kl_in_reward: Optional[bool] = None  # KL penalty in the reward (gae.kl_coef); None: not use_kl_loss
     kl_loss_coef: float = field(default=0.001, metadata=at_least(0))  # use_kl_loss: weight of the KL term
@@ -208,6 +219,12 @@ class AlgorithmConfig:  # the PPO update: epochs, mini-batches, clipping, loss t
     rollout_correction_high: float = field(  # mis: a sequence whose geometric-mean ratio is above gets no policy loss
         default=2.0, metadata=at_least(1, why="an on-policy sequence, ratio 1, must be kept"))
     shuffle_mini_batches: bool = True  # prompts (with their samples) in a new order every epoch
+    # weight of VAPO's positive-example language-model loss in the actor's loss: the mean NLL of the
+    # tokens of positive_lm_examples; 0 disables it
+    positive_lm_loss_coef: float = field(default=0.0, metadata=at_least(0))
+    # the responses it imitates: correct (score >= reward.correct_score) or group_best (the top score
+    # of their prompt's group, when above the group's lowest)
+    positive_lm_examples: str = field(default="correct", metadata=choice(*choices.POSITIVE_EXAMPLES))
 
 
 @dataclass

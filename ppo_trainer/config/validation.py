@@ -132,6 +132,14 @@ def validate_static(cfg: DictConfig) -> DictConfig:
                  "set algorithm.use_kl_in_reward=true or gae.kl_ctrl=fixed")
     _require(not (a.use_kl_in_reward and g.kl_coef == 0), "algorithm.use_kl_in_reward",
              "is true but gae.kl_coef=0 puts no KL in the reward; set gae.kl_coef > 0")
+    _require(a.critic_warmup_explained_var is None or a.critic_warmup >= 1, "algorithm.critic_warmup_explained_var",
+             "ends a critic warm-up, but algorithm.critic_warmup=0 runs none; set algorithm.critic_warmup to the most "
+             "warm-up steps (e.g. 10), or remove algorithm.critic_warmup_explained_var")
+    _require(a.positive_lm_loss_coef > 0 or a.positive_lm_examples == "correct", "algorithm.positive_lm_examples",
+             "is set but algorithm.positive_lm_loss_coef=0 adds no positive-example loss; set the coefficient > 0")
+    _require(not (a.positive_lm_loss_coef > 0 and a.positive_lm_examples == "group_best" and s.n < 2),
+             "algorithm.positive_lm_examples", "is group_best with sampler.n=1: a prompt's only response is never "
+             "above the rest of its group; set sampler.n >= 2, or positive_lm_examples=correct")
     _require(a.rollout_correction == "none" or a.recompute_old_logprobs, "algorithm.rollout_correction",
              f"is {a.rollout_correction!r} but algorithm.recompute_old_logprobs=false: with the sampler's "
              "logprobs as the old ones every weight pi_old / pi_rollout is 1; set one of them back")

@@ -8,7 +8,7 @@ import torch
 
 from ppo_trainer.core.gae import adaptive_lambda, compute_gae, token_rewards
 from ppo_trainer.core.masked import masked_center, masked_mean, masked_whiten
-from ppo_trainer.core.metrics import explained_variance
+from ppo_trainer.core.metrics import explained_variance, value_error_by_third
 
 
 class Advantages(NamedTuple):
@@ -18,13 +18,14 @@ class Advantages(NamedTuple):
     metrics: dict[str, float]
 
 
-def lambdas(response_mask: torch.Tensor, gae: Any, step: int, critic_warmup: int) -> tuple[Any, float]:
+def lambdas(response_mask: torch.Tensor, gae: Any, warming_up: bool) -> tuple[Any, float]:
     """One lambda per learner (VC-PPO): the policy's (gae.lam, or [B] with lam_mode=adaptive) and
-    the critic's (gae.critic_lam, default gae.lam). During the ``critic_warmup`` first steps the
-    critic learns Monte Carlo returns (lambda 1), which do not lean on its own untrained values.
+    the critic's (gae.critic_lam, default gae.lam). During the critic warm-up (``warming_up``,
+    `core.critic_warmup`) the critic learns Monte Carlo returns (lambda 1), which do not lean on
+    its own untrained values.
     """
     policy = adaptive_lambda(response_mask, gae.adaptive_alpha) if gae.lam_mode == "adaptive" else gae.lam
-    critic = 1.0 if step <= critic_warmup else (gae.lam if gae.critic_lam is None else gae.critic_lam)
+    critic = 1.0 if warming_up else (gae.lam if gae.critic_lam is None else gae.critic_lam)
     return policy, critic
 
 
@@ -45,15 +46,17 @@ def normalize(advantages: torch.Tensor, response_mask: torch.Tensor, gae: Any) -
 @torch.no_grad()
 def compute(
     scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
-    response_mask: torch.Tensor, gae: Any, *, kl_coef: float, step: int, critic_warmup: int,
+    response_mask: torch.Tensor, gae: Any, *, kl_coef: float, warming_up: bool = False,
+    warmup_phase: Optional[str] = None,
 ) -> Advantages:
     """Token rewards (``ref_logprobs=None``: no KL), GAE with ``lambdas``, ``normalize``;
-    ``gae``: the ``gae`` config section. At step 1 and the first step after the warm-up,
-    critic/warmup_vf_explained_var_before / _after measure the critic on Monte Carlo returns.
+    ``gae``: the ``gae`` config section. ``warmup_phase`` ("before" at step 1, "after" at the first
+    step past the warm-up: `CriticWarmup.metric_phase`) adds critic/warmup_vf_explained_var_<phase>,
+    the critic measured on Monte Carlo returns.
     """
     mask = response_mask
     rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)
-    lam, critic_lam = lambdas(mask, gae, step, critic_warmup)
+    lam, critic_lam = lambdas(mask, gae, warming_up)
     advantages, returns = compute_gae(rewards, values, mask, gae.gamma, lam)
     if gae.lam_mode == "adaptive" or critic_lam != lam:
         returns = compute_gae(rewards, values, mask, gae.gamma, critic_lam)[1]
@@ -65,11 +68,21 @@ def compute(
         "critic/returns/mean": masked_mean(returns, mask).item(),
         "critic/values/mean": masked_mean(values, mask).item(),
         "critic/vf_explained_var": explained_variance(values, returns, mask).item(),
+        **value_error_by_third(values, returns, mask),
         "actor/reward_kl_penalty": masked_mean(kl, mask).item(),
         "actor/kl_coef": kl_coef,
     }
-    if critic_warmup and step in (1, critic_warmup + 1):
+    if warmup_phase is not None:
         monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, values, mask, gae.gamma, 1.0)[1]
-        phase = "before" if step == 1 else "after"
-        metrics[f"critic/warmup_vf_explained_var_{phase}"] = explained_variance(values, monte_carlo, mask).item()
+        metrics[f"critic/warmup_vf_explained_var_{warmup_phase}"] = explained_variance(values, monte_carlo, mask).item()
     return Advantages(advantages, returns, (kl * mask).sum(dim=1).mean().item(), metrics)
+
+
+@torch.no_grad()
+def monte_carlo_returns(scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor],
+                        response_mask: torch.Tensor, gae: Any, *, kl_coef: float) -> torch.Tensor:
+    """[B, T] discounted sums of the token rewards from each token on (GAE with values 0 and lambda
+    1): the returns of a step that depend on no critic, which ``critic.value_head_init=regression``
+    fits the value head to before the critic's first values exist."""
+    rewards, _ = token_rewards(scores, old_logprobs, ref_logprobs, response_mask, kl_coef, gae.kl_penalty)
+    return compute_gae(rewards, torch.zeros_like(rewards), response_mask, gae.gamma, 1.0)[1]

@@ -6,3 +6,5 @@ KL_KINDS = ("k1", "abs", "k2", "k3")  # gae.kl_penalty, algorithm.kl_loss_type
 KL_CTRLS = ("fixed", "adaptive")  # gae.kl_ctrl
 LAM_MODES = ("fixed", "adaptive")  # gae.lam_mode
 ROLLOUT_CORRECTIONS = ("none", "tis", "mis")  # algorithm.rollout_correction
+POSITIVE_EXAMPLES = ("correct", "group_best")  # algorithm.positive_lm_examples
+VALUE_HEAD_INITS = ("loaded", "regression")  # critic.value_head_init

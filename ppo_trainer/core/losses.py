@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ppo_trainer.core.choices import AGG_MODES, KL_KINDS
+from ppo_trainer.core.choices import AGG_MODES, KL_KINDS, POSITIVE_EXAMPLES
 from ppo_trainer.core.metrics import approx_kl, clip_fraction
 
 K3_BOUND = 10.0
@@ -146,16 +146,46 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
+def positive_examples(scores: torch.Tensor, groups: list[list[int]], rule: str, correct_score: float) -> torch.Tensor:
+    """[B] bool: the responses the positive-example LM loss imitates, from their ``scores`` [B] and
+    their prompts' ``groups`` (row indices, `Batch.prompt_groups`). ``correct``: score >=
+    ``correct_score`` (VAPO's correct answers); ``group_best``: the top score of its group, when it
+    is above the group's lowest (a group scored all alike has nothing to prefer), for rewards
+    without a "correct" level such as a reward model's.
+    """
+    if rule not in POSITIVE_EXAMPLES:
+        raise ValueError(f"unknown positive-example rule {rule!r}; expected one of {', '.join(POSITIVE_EXAMPLES)}")
+    if rule == "correct":
+        return scores >= correct_score
+    positive = torch.zeros(scores.shape, dtype=torch.bool)
+    for rows in groups:
+        group = scores[rows]
+        positive[rows] = (group == group.max()) & (group.max() > group.min())
+    return positive
+
+
+def positive_lm_loss(logprobs: torch.Tensor, positive: torch.Tensor, response_mask: torch.Tensor,
+                     global_positive_tokens: Count) -> torch.Tensor:
+    """VAPO's positive-example language-model loss, one micro-batch's share: minus the summed
+    ``logprobs`` [B, T] of the valid tokens of the ``positive`` [B] rows over the mini-batch's
+    positive tokens (all micro-batches and ranks), so the shares sum to the mean NLL per positive
+    token; 0 when the mini-batch has none."""
+    tokens = response_mask.bool() & positive.bool()[:, None]
+    return -torch.where(tokens, logprobs, 0).sum() / max(float(global_positive_tokens), 1.0)
+
+
 def actor_loss(
     logprobs: torch.Tensor, entropy: torch.Tensor | None, old_logprobs: torch.Tensor, advantages: torch.Tensor,
     response_mask: torch.Tensor, ref_logprobs: torch.Tensor | None, rollout_weights: torch.Tensor | None,
-    algorithm: Any, global_tokens: Count, global_seqs: Count,
+    algorithm: Any, global_tokens: Count, global_seqs: Count, positive: torch.Tensor | None = None,
+    global_positive_tokens: Count = 0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's share of the actor's loss: the clipped policy loss, minus entropy_coef x
-    entropy when ``entropy`` [B, T] is given, plus kl_loss_coef x KL with use_kl_loss.
+    entropy when ``entropy`` [B, T] is given, plus kl_loss_coef x KL with use_kl_loss, plus
+    positive_lm_loss_coef x `positive_lm_loss` of the ``positive`` [B] rows when the coefficient is > 0.
 
-    Returns the loss and detached shares of pg_loss, pg_clipfrac, ppo_kl, and of update_entropy
-    and kl_loss when their term is on.
+    Returns the loss and detached shares of pg_loss, pg_clipfrac, ppo_kl, and of update_entropy,
+    kl_loss and positive_lm_loss when their term is on.
     """
     a, mask = algorithm, response_mask
     norm = {"global_tokens": global_tokens, "global_seqs": global_seqs}
@@ -173,6 +203,10 @@ def actor_loss(
         kl = aggregate(kl_penalty(logprobs, ref_logprobs, a.kl_loss_type), mask, a.loss_agg_mode, **norm)
         loss = loss + a.kl_loss_coef * kl
         stats["kl_loss"] = kl.detach()
+    if a.positive_lm_loss_coef > 0:
+        nll = positive_lm_loss(logprobs, positive, mask, global_positive_tokens)
+        loss = loss + a.positive_lm_loss_coef * nll
+        stats["positive_lm_loss"] = nll.detach()
     return loss, stats
 
 

@@ -23,6 +23,28 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > rounding.square(), explained, torch.zeros_like(explained))
 
 
+THIRDS = ("early", "middle", "late")
+
+
+@torch.no_grad()
+def value_error_by_third(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """critic/vf_error/early, /middle, /late: the mean of (V - R)^2 over the tokens in each third of
+    their response, pooled over the batch; where along a response the critic fails. Thirds count
+    a response's valid tokens only (a token masked inside a response has no position): valid token
+    i of n lies in third floor(3 i / n), so one token is early, two are early and middle. NaN for a
+    third without tokens (every response shorter than three tokens has no late third).
+    """
+    valid = mask.bool()
+    position = valid.long().cumsum(dim=-1) - 1  # [B, T] index among the row's valid tokens
+    third = torch.div(3 * position, valid.sum(dim=-1, keepdim=True).clamp(min=1), rounding_mode="floor")
+    error = torch.where(valid, values.double() - returns.double(), 0).square()
+    out = {}
+    for k, name in enumerate(THIRDS):
+        here = valid & (third == k)
+        out[f"critic/vf_error/{name}"] = masked_mean(error, here).item() if here.any() else float("nan")
+    return out
+
+
 @torch.no_grad()
 def clip_fraction(clipped: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Share of valid tokens on which a clip bound was active (``clipped``, bool; their gradient is cut)."""

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import AlgorithmConfig, ModelConfig
-from ppo_trainer.core.losses import actor_loss
+from ppo_trainer.core.losses import actor_loss, positive_examples
 from ppo_trainer.engine.distributed import barrier, resolve_device
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
@@ -31,15 +31,19 @@ class ActorEngine(FSDPEngine):
 
     `mini_batch_size`: sequences per optimizer step. `temperature, top_k, top_p`: the sampler's;
     logprobs are those of softmax(logits / temperature) under its truncation, except the
-    reference's, whose full support keeps the KL to it finite. Every method is a collective call.
+    reference's, whose full support keeps the KL to it finite. `correct_score`: reward.correct_score,
+    the score of a correct response (algorithm.positive_lm_examples=correct). Every method is a
+    collective call.
     """
 
     def __init__(
         self, cfg: ModelConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, use_reference: bool = False,
         device: str | torch.device = "cpu", total_steps: Optional[int] = None, seed: int = 0,
+        correct_score: float = 1.0,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.correct_score = correct_score
         self.algorithm = algorithm
         self.mini_batch_size = mini_batch_size
         self.temperature = temperature
@@ -103,15 +107,21 @@ class ActorEngine(FSDPEngine):
         logp, ent = self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,
                                 self.temperature, self.algorithm.entropy_coef > 0, **self.truncation)
         return actor_loss(logp, ent, micro.old_logprobs, micro.advantages, micro.response_mask, micro.ref_logprobs,
-                          micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs)
+                          micro.rollout_weights, self.algorithm, counts.tokens, counts.seqs, micro.positive,
+                          counts.positive_tokens)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO policy update on the full batch (`FSDPEngine.train`); the actor/* metrics of
-        `core.losses.actor_loss` plus grad_norm, lr and skipped_steps."""
+        `core.losses.actor_loss` plus grad_norm, lr and skipped_steps. With the positive-example LM
+        loss its responses are chosen here, on the whole batch (`core.losses.positive_examples`)."""
         a = self.algorithm
         batch.require("response_mask", "old_logprobs", "advantages", *(["ref_logprobs"] if a.use_kl_loss else []),
-                      *(["rollout_weights"] if a.rollout_correction != "none" else []), user="the actor update")
-        stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, a, self.seed)
+                      *(["rollout_weights"] if a.rollout_correction != "none" else []),
+                      *(["scores"] if a.positive_lm_loss_coef > 0 else []), user="the actor update")
+        if a.positive_lm_loss_coef > 0:
+            batch = batch.with_fields(positive=positive_examples(batch.scores, batch.prompt_groups(),
+                                                                 a.positive_lm_examples, self.correct_score))
+        stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, a, self.seed, a.ppo_epochs)
         return {f"actor/{k}": v for k, v in stats.items()}
 
     def _gathered(self) -> dict[str, torch.Tensor]:

@@ -6,13 +6,15 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig
 from ppo_trainer.core.losses import critic_loss
-from ppo_trainer.engine.distributed import barrier
+from ppo_trainer.core.value_fit import FOLDS, fit_value_head, fold_statistics
+from ppo_trainer.engine.distributed import all_reduce_sum, barrier
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
-from ppo_trainer.engine.microbatch import GlobalCounts
+from ppo_trainer.engine.microbatch import GlobalCounts, plan_micro_batches
 from ppo_trainer.models.critic import ValueModel
 from ppo_trainer.models.packing import shares_prompts
 
@@ -29,6 +31,7 @@ class CriticEngine(FSDPEngine):
         self.cfg = cfg
         self.algorithm = algorithm
         self.mini_batch_size = mini_batch_size
+        self.epochs = algorithm.ppo_epochs if cfg.ppo_epochs is None else cfg.ppo_epochs  # config.derived.critic_epochs
         self.seed = seed
         self.model = ValueModel.from_pretrained(model_dir, attn_implementation=attn_implementation,
                                                 trust_remote_code=trust_remote_code,
@@ -53,8 +56,41 @@ class CriticEngine(FSDPEngine):
         """Clipped value-loss update on the full batch (`FSDPEngine.train`); `values` are the
         rollout-time V the clip refers to."""
         batch.require("response_mask", "values", "returns", user="the critic update")
-        stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, self.algorithm, self.seed)
+        stats = self.train(batch, self.micro_batch_loss, self.mini_batch_size, self.algorithm, self.seed, self.epochs)
         return {f"critic/{k}": v for k, v in stats.items()}
+
+    def fit_value_head(self, batch: Batch) -> dict[str, float]:
+        """Replace the value head by the ridge fit of `batch.returns` on the states it reads
+        (`core.value_fit`: critic.value_head_init=regression, before the first values), the backbone
+        untouched; every rank takes its share of the full batch, ranks sum the statistics and all
+        solve the same system. Returns critic/value_head_fit/ridge and /cv_explained_var."""
+        batch.require("response_mask", "returns", user="the value head's fit")
+        fold = torch.zeros(len(batch), dtype=torch.long)
+        for g, rows in enumerate(batch.prompt_groups()):  # whole prompts per fold, the same on any number of ranks
+            fold[rows] = g % FOLDS
+        mine = batch.deal(self.world_size)[self.rank]
+        local, fold = batch.select(mine), fold[mine]
+        hidden = self.model.value_head.in_features
+        stats = torch.zeros(FOLDS, hidden + 2, hidden + 2, dtype=torch.float64)
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                for micro in plan_micro_batches(local, self.algorithm.ppo_micro_batch_tokens, self.share_prompts):
+                    m = micro.batch.to(self.device)
+                    _, states = self.module(m.input_ids, m.attention_mask, m.position_ids, m.response_mask,
+                                            with_states=True)
+                    if not micro.dummy:
+                        valid = micro.batch.response_mask.bool()
+                        folds = fold[micro.rows][:, None].expand_as(valid)[valid]
+                        stats += fold_statistics(states.cpu(), micro.batch.returns[valid], folds)
+        finally:
+            self.module.reshard()  # the root keeps its parameters gathered after a forward
+            self.module.train(was_training)
+        weight, bias, metrics = fit_value_head(all_reduce_sum(stats))
+        head = {"value_head.weight": weight.float()[None], "value_head.bias": bias.float()[None]}
+        set_model_state_dict(self.module, head, options=StateDictOptions(full_state_dict=True, strict=False))
+        return {f"critic/value_head_fit/{k}": v for k, v in metrics.items()}
 
     def save_hf(self, folder: str | Path) -> None:
         """The value model as a Hugging Face folder (backbone in the compute dtype, head in

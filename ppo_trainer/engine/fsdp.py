@@ -102,15 +102,16 @@ class FSDPEngine:
         generator = torch.Generator().manual_seed(hash((seed, self.updates, epoch)) & 0x7FFF_FFFF_FFFF_FFFF)
         return torch.tensor([row for g in torch.randperm(len(groups), generator=generator).tolist() for row in groups[g]])
 
-    def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int) -> dict[str, float]:
-        """algorithm.ppo_epochs passes over `batch` in mini-batches of `mini_batch_size` sequences
-        (`mini_batch_order`), one optimizer step each. Returns `summarize_steps` of `loss_fn`'s
-        statistics plus grad_norm and lr."""
+    def train(self, batch: Batch, loss_fn: LossFn, mini_batch_size: int, algorithm: Any, seed: int,
+              epochs: int) -> dict[str, float]:
+        """`epochs` passes over `batch` (the role's: algorithm.ppo_epochs, critic.ppo_epochs) in
+        mini-batches of `mini_batch_size` sequences (`mini_batch_order`), one optimizer step each.
+        Returns `summarize_steps` of `loss_fn`'s statistics plus grad_norm and lr."""
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
         self.module.train()
         history: list[dict[str, float]] = []
-        for epoch in range(algorithm.ppo_epochs):
+        for epoch in range(epochs):
             order = self.mini_batch_order(batch, algorithm, seed, epoch)
             for start in range(0, len(batch), mini_batch_size):
                 rows = order[start : start + mini_batch_size]

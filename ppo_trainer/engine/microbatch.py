@@ -28,10 +28,12 @@ class MicroBatch:
 
 @dataclass(frozen=True)
 class GlobalCounts:
-    """Valid response tokens and sequences of one mini-batch, summed over all ranks."""
+    """Valid response tokens and sequences of one mini-batch, and the valid tokens of its rows marked
+    `Batch.positive` (0 without the field), summed over all ranks."""
 
     tokens: float
     seqs: float
+    positive_tokens: float = 0.0
 
 
 # (micro-batch, mini-batch counts) -> (loss share, statistics' shares)
@@ -98,9 +100,11 @@ def plan_micro_batches(batch: Batch, budget: int, share_prompts: bool = False) -
 
 
 def global_counts(batch: Batch) -> GlobalCounts:
-    """Valid response tokens and rows of this rank's share of a mini-batch, summed over ranks."""
-    tokens, seqs = all_reduce_sum([float(batch.response_mask.sum()), float(len(batch))]).tolist()
-    return GlobalCounts(tokens=tokens, seqs=seqs)
+    """Valid response tokens, rows and positive rows' tokens of this rank's share of a mini-batch,
+    summed over ranks."""
+    positive = 0.0 if batch.positive is None else float(batch.response_mask[batch.positive.bool()].sum())
+    tokens, seqs, positive = all_reduce_sum([float(batch.response_mask.sum()), float(len(batch)), positive]).tolist()
+    return GlobalCounts(tokens=tokens, seqs=seqs, positive_tokens=positive)
 
 
 def accumulate_gradients(micro_batches: list[MicroBatch], loss_fn: LossFn, counts: GlobalCounts) -> dict[str, float]:

@@ -82,11 +82,15 @@ class ValueModel(nn.Module):
         return list(self.backbone.get_decoder().layers)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                response_mask: torch.Tensor) -> torch.Tensor:
+                response_mask: torch.Tensor,
+                with_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """values [B, T] float32 from input_ids, attention_mask, position_ids [B, P+T] and response_mask
-        [B, T] (T >= 1, P >= 1); 0 where response_mask is 0."""
+        [B, T] (T >= 1, P >= 1); 0 where response_mask is 0. `with_states`: (values, the [N, H]
+        states the head read, one per valid response token in the row-major order of the mask), what a
+        fit of the head regresses on (`core.value_fit`); through forward, so FSDP gathers the weights."""
         states = states_before_response_tokens(self.backbone, input_ids, attention_mask, position_ids, response_mask)
-        return on_response_tokens(self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1), response_mask)
+        values = on_response_tokens(self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1), response_mask)
+        return (values, states) if with_states else values
 
     def save_pretrained(self, folder: str | Path, state_dict: Optional[dict[str, torch.Tensor]] = None,
                         dtype: Optional[torch.dtype] = None) -> None:

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config.derived import batch_arithmetic
+from ppo_trainer.config.derived import batch_arithmetic, critic_epochs
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.dtypes import auto_dtype
@@ -36,7 +36,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"actor:     {m.path} ({lora}, lr {m.optim.lr})",
         f"reference: {reference}",
         f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.optim.lr}, value_clip {cfg.critic.value_clip}, "
-        f"value head from {critic_head(cfg)})",
+        f"{critic_epochs(cfg)} epoch(s) per step, value head from {critic_head(cfg)})",
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
         f"reward:    {reward_summary(cfg)}",
@@ -64,21 +64,40 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
     policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
     critic = str(g.lam if g.critic_lam is None else g.critic_lam)
     if a.critic_warmup:
-        critic += f" (1.0 in the {a.critic_warmup} warm-up steps)"
+        critic += " (1.0 in the critic warm-up)"
     correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
-    return [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
-            f"lambda:    policy advantages {policy}, critic returns {critic}",
-            f"rollout correction: {correction}"]
+    lines = [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
+             f"lambda:    policy advantages {policy}, critic returns {critic}",
+             f"rollout correction: {correction}", f"critic warm-up: {warmup_summary(a)}"]
+    if a.positive_lm_loss_coef > 0:
+        examples = ("score >= reward.correct_score" if a.positive_lm_examples == "correct"
+                    else "the best of each prompt's group")
+        lines.append(f"positive-example LM loss: {a.positive_lm_loss_coef} x NLL of the responses with {examples}")
+    return lines
+
+
+def warmup_summary(a: DictConfig) -> str:
+    """What the critic warm-up (algorithm.critic_warmup, critic_warmup_explained_var) will do."""
+    if not a.critic_warmup:
+        return "none (the actor updates from step 1)"
+    if a.critic_warmup_explained_var is None:
+        return f"{a.critic_warmup} steps (only the critic updates, on Monte Carlo returns)"
+    return (f"up to {a.critic_warmup} steps, ending once critic/vf_explained_var >= {a.critic_warmup_explained_var} "
+            "(only the critic updates, on Monte Carlo returns)")
 
 
 def critic_head(cfg: DictConfig) -> str:
-    """Where the critic's value head starts (`value_head_origin`), or why that is unknown here."""
+    """Where the critic's value head starts (`value_head_origin`), or why that is unknown here; with
+    critic.value_head_init=regression, refitted before the first values."""
     try:
-        return value_head_origin(cfg.critic.path or cfg.model.path)
+        origin = value_head_origin(cfg.critic.path or cfg.model.path)
     except ModelPathError as e:
-        return f"? ({e})"
+        origin = f"? ({e})"
+    if cfg.critic.value_head_init == "regression":
+        origin += ", refitted by ridge regression on step 1's Monte Carlo returns"
+    return origin
 
 
 def reward_summary(cfg: DictConfig) -> str:

@@ -43,7 +43,8 @@ STAGING, REPLACED, REMOVING = ".incomplete_", ".replaced_", ".removing_"
 COMMIT_ORDER = "commit_order"
 MANIFESTS = "manifest"
 DRIVER_FILES = ("state/trainer.json", "state/rng.pt", "state/config.yaml")  # written by `save_trainer_state`
-# what every committed trainer.json holds (a resume reads them; reward_fingerprint is newer: optional)
+# what every committed trainer.json holds (a resume reads them; reward_fingerprint and critic_warmup are
+# newer, so a checkpoint of an earlier release lacks them: optional)
 REQUIRED_STATE = ("step", "loader", "kl_ctrl", "nonfinite_streak", "best", "dtypes", "train_data", "reward_norm")
 
 

@@ -105,6 +105,7 @@ def save(trainer: Any, best: bool = False) -> Path:
         trainer.critic.run_all(Worker.save, str(staging), marker)
         remove_marker(staging)
         state = {"step": trainer.step, "loader": trainer.loader.state_dict(), "kl_ctrl": trainer.kl_ctrl.state_dict(),
+                 "critic_warmup": trainer.critic_warmup.state_dict(),
                  "nonfinite_streak": trainer.nonfinite_streak, "best": trainer.best,
                  "dtypes": resolved_dtypes(trainer.cfg), "train_data": trainer.train_data, **reward}
         workers = {role: group.run_all(Worker.rng_state) for role, group in trainer.groups.items()}
@@ -130,6 +131,8 @@ def load(trainer: Any, resumed: Resume) -> None:
     trainer.loader.load_state_dict(state["loader"])
     if resume.restores_kl_controller(resumed.changes):
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    if "critic_warmup" in state:  # where the warm-up ended, or that it goes on (an earlier release's: by count)
+        trainer.critic_warmup.load_state_dict(state["critic_warmup"])
     trainer.nonfinite_streak.update(state["nonfinite_streak"])
     trainer.scorer.load_state_dict(state["reward_norm"])
     for role, group in trainer.groups.items():  # after the loads: building and loading draw numbers too

@@ -40,7 +40,7 @@ def build_actor(cfg: DictConfig, device: str) -> ActorEngine:
         mini_batch_size=batch_arithmetic(cfg)["sequences_per_mini_batch"],
         temperature=cfg.sampler.temperature, top_k=cfg.sampler.top_k, top_p=cfg.sampler.top_p,
         use_reference=uses_reference(cfg), device=device, total_steps=optimizer_steps(cfg, "actor"),
-        seed=cfg.trainer.seed,
+        seed=cfg.trainer.seed, correct_score=cfg.reward.correct_score,
     )
 
 

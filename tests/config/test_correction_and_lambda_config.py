@@ -57,6 +57,6 @@ def test_dry_run_plan_shows_the_lambdas_and_the_correction(tmp_path):
     result = run_cli("gae.lam_mode=adaptive", "gae.critic_lam=0.95", "algorithm.critic_warmup=3",
                      "algorithm.rollout_correction=tis", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "policy advantages 1 - 1/(0.05 x length) per sequence, critic returns 0.95 (1.0 in the 3 warm-up steps)" \
+    assert "policy advantages 1 - 1/(0.05 x length) per sequence, critic returns 0.95 (1.0 in the critic warm-up)" \
         in result.stdout
     assert "rollout correction: tis, weights capped at 2.0" in result.stdout

@@ -1,10 +1,13 @@
-"""explained_variance, approx_kl, clip_fraction and the logprob gap over valid tokens."""
+"""explained_variance, approx_kl, clip_fraction, the logprob gap and the value error by third over valid tokens."""
+
+import math
 
 import pytest
 import torch
 
 from ppo_trainer.core.gae import compute_gae
-from ppo_trainer.core.metrics import approx_kl, clip_fraction, explained_variance, logprob_gap_metrics
+from ppo_trainer.core.metrics import (approx_kl, clip_fraction, explained_variance, logprob_gap_metrics,
+                                       value_error_by_third)
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 RETURNS = torch.tensor([[1.0, 2.0, 4.0, 99.0], [-1.0, 3.0, -50.0, 7.0]])
@@ -73,3 +76,30 @@ def test_logprob_gap_metrics_of_an_empty_mask_are_zero():
         "rollout/logprob_diff_max": 0.0,
         "rollout/logprob_diff_mean": 0.0,
     }
+
+
+def test_value_error_by_third_pools_each_third_of_every_response_by_hand():
+    nan = float("nan")  # masked positions hold garbage that must not count
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0],  # 6 tokens: thirds 0 0 1 1 2 2
+                         [1, 0, 1, 1, 0, 0, 0],  # a token masked inside: 3 valid tokens, thirds 0 1 2
+                         [1, 0, 0, 0, 0, 0, 0],  # 1 token: early
+                         [1, 1, 0, 0, 0, 0, 0],  # 2 tokens: early, middle
+                         [0, 0, 0, 0, 0, 0, 0]], dtype=torch.float64)  # empty
+    values = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, nan],
+                           [0.5, nan, 1.5, 2.5, nan, nan, nan],
+                           [3.0, nan, nan, nan, nan, nan, nan],
+                           [1.0, 2.0, nan, nan, nan, nan, nan],
+                           [nan] * 7], dtype=torch.float64)
+    returns = torch.where(mask.bool(), 0.0, torch.inf).double()  # the error is values^2
+    out = value_error_by_third(values, returns, mask)
+    assert out == pytest.approx({"critic/vf_error/early": (1 + 4 + 0.25 + 9 + 1) / 5,
+                                 "critic/vf_error/middle": (9 + 16 + 2.25 + 4) / 4,
+                                 "critic/vf_error/late": (25 + 36 + 6.25) / 3}, rel=1e-12)
+
+
+def test_value_error_of_a_third_no_response_reaches_is_nan():
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0]])
+    out = value_error_by_third(torch.tensor([[2.0, 0, 0], [1.0, 3.0, 0]]), torch.zeros(2, 3), mask)
+    assert out["critic/vf_error/early"] == pytest.approx((4 + 1) / 2)
+    assert out["critic/vf_error/middle"] == pytest.approx(9.0)
+    assert math.isnan(out["critic/vf_error/late"])

@@ -1,11 +1,13 @@
-"""policy_loss, value_loss, kl_penalty and aggregate on hand-computed cases."""
+"""policy_loss, value_loss, kl_penalty, aggregate and the positive-example LM loss on hand-computed cases."""
 
 import math
 
 import pytest
 import torch
 
-from ppo_trainer.core.losses import aggregate, kl_penalty, policy_loss, value_loss
+from ppo_trainer.config.schema import AlgorithmConfig
+from ppo_trainer.core.losses import (actor_loss, aggregate, kl_penalty, policy_loss, positive_examples,
+                                     positive_lm_loss, value_loss)
 
 
 def test_policy_loss_with_ratio_one_is_the_unclipped_surrogate():
@@ -174,3 +176,39 @@ def test_aggregate_of_an_all_masked_batch_is_zero():
 def test_unknown_aggregation_mode_names_the_allowed_values():
     with pytest.raises(ValueError, match="'mean'.*token-mean, seq-mean-token-mean, seq-mean-token-sum"):
         aggregate(LOSS_MAT, AGG_MASK, "mean")
+
+
+def test_positive_examples_are_the_correct_responses_or_the_best_of_a_group_that_differs():
+    scores = torch.tensor([1.0, 0.1, 0.0, 1.2, 0.1, 0.1, 0.5, 0.2])
+    groups = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    correct = positive_examples(scores, groups, "correct", correct_score=1.0)
+    assert correct.tolist() == [True, False, False, True, False, False, False, False]
+    best = positive_examples(scores, groups, "group_best", correct_score=1.0)
+    assert best.tolist() == [True, False, False, True, False, False, True, False]  # [4, 5] alike: neither
+
+
+def test_positive_lm_loss_is_the_mean_nll_over_the_positive_tokens_of_the_mini_batch_by_hand():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.25, 9.0], [-4.0, -4.0, -4.0]],
+                            dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    positive = torch.tensor([True, True, False])
+    # tokens of rows 0 and 1: -(-1 - 2 - 0.5 - 0.25) = 3.75 over this micro-batch's 4, or a mini-batch's 10
+    assert positive_lm_loss(logprobs, positive, mask, 4).item() == pytest.approx(3.75 / 4, rel=1e-15)
+    loss = positive_lm_loss(logprobs, positive, mask, 10)
+    assert loss.item() == pytest.approx(0.375, rel=1e-15)
+    loss.backward()
+    expected = torch.tensor([[-0.1, -0.1, 0.0], [-0.1, -0.1, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logprobs.grad, expected, rtol=0, atol=1e-15)
+    assert positive_lm_loss(logprobs, torch.zeros(3, dtype=torch.bool), mask, 0).item() == 0.0
+
+
+def test_actor_loss_adds_the_positive_lm_loss_times_its_coefficient():
+    logprobs = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], dtype=torch.float64)
+    mask = torch.ones(2, 2)
+    algorithm = AlgorithmConfig(positive_lm_loss_coef=0.5)
+    args = (logprobs, None, logprobs, torch.zeros(2, 2, dtype=torch.float64), mask, None, None)
+    without, off = actor_loss(*args, AlgorithmConfig(), 4, 2)
+    loss, stats = actor_loss(*args, algorithm, 4, 2, torch.tensor([False, True]), 2)
+    assert "positive_lm_loss" not in off
+    assert stats["positive_lm_loss"].item() == pytest.approx(3.5)  # (3 + 4) / 2 positive tokens
+    assert (loss - without).item() == pytest.approx(0.5 * 3.5)

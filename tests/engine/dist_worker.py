@@ -64,6 +64,13 @@ def main(model_dir: str, batches_file: str, out_dir: str) -> None:
     if critic.rank == 0:
         torch.save({"grads": grads, "state": state, "stats": stats}, out / "critic_step.pt")
     log("critic step")
+    critic = make_critic(model_dir)
+    fit = critic.fit_value_head(batches["fit"])
+    head = {k: v for k, v in critic.full_state_dict().items() if k.startswith("value_head.")}
+    values = critic.compute_values(batch)
+    if critic.rank == 0:
+        torch.save({"metrics": fit, "head": head, "values": values}, out / "critic_fit.pt")
+    log("critic fit")
     torch.distributed.destroy_process_group()
 
 

@@ -37,9 +37,19 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def batches():
-    return {"first": random_batch(PROMPT_LENS, RESPONSE_LENS, seed=0),
-            "second": random_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)}
+def batches(tiny_model_dir):
+    """Two random batches, and the first with returns a random value head reads off the states (a
+    target the value head's fit can find)."""
+    from ppo_trainer.models.critic import ValueModel
+
+    first = random_batch(PROMPT_LENS, RESPONSE_LENS, seed=0)
+    teacher = ValueModel.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        teacher.value_head.weight.copy_(torch.randn(teacher.value_head.weight.shape,
+                                                    generator=torch.Generator().manual_seed(7)))
+        returns = teacher(first.input_ids, first.attention_mask, first.position_ids, first.response_mask)
+    return {"first": first, "second": random_batch(PROMPT_LENS, RESPONSE_LENS, seed=1),
+            "fit": first.with_fields(returns=returns)}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +119,21 @@ def test_two_rank_critic_step_equals_one_process_step(two_ranks, tiny_model_dir,
     for name, w in state.items():
         torch.testing.assert_close(dist["state"][name], w, atol=1e-5, rtol=0)
     assert dist["stats"]["vf_loss"] == pytest.approx(stats["vf_loss"], abs=1e-6)
+
+
+def test_two_ranks_fit_the_value_head_as_one_process_does(two_ranks, tiny_model_dir, batches):
+    """Each rank forwards its share; the summed statistics give every rank the one-process fit."""
+    dist = torch.load(two_ranks / "critic_fit.pt", weights_only=False)
+    critic = make_critic(tiny_model_dir)
+    metrics = critic.fit_value_head(batches["fit"])
+    assert metrics["critic/value_head_fit/cv_explained_var"] > 0.5  # held-out prompts: the teacher's head is found
+    assert dist["metrics"]["critic/value_head_fit/ridge"] == metrics["critic/value_head_fit/ridge"]
+    assert dist["metrics"]["critic/value_head_fit/cv_explained_var"] == pytest.approx(
+        metrics["critic/value_head_fit/cv_explained_var"], abs=1e-6)
+    head = {k: v for k, v in critic.full_state_dict().items() if k.startswith("value_head.")}
+    for name, w in head.items():
+        torch.testing.assert_close(dist["head"][name], w, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dist["values"], critic.compute_values(batches["first"]), atol=1e-5, rtol=0)
 
 
 def test_two_rank_save_reload_and_continue_equals_not_stopping(two_ranks):

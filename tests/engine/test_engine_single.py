@@ -217,7 +217,36 @@ def test_shuffled_mini_batches_hold_whole_prompt_groups(tiny_model_dir, monkeypa
     monkeypatch.setattr(actor, "backward_mini_batch", record)
     monkeypatch.setattr(actor, "optimizer_step", lambda: {"grad_norm": 0.0, "lr": 0.0, "skipped_steps": 0.0})
     for _ in range(3):
-        actor.train(batch, actor.micro_batch_loss, mini_batch_size=8, algorithm=actor.algorithm, seed=0)
+        actor.train(batch, actor.micro_batch_loss, mini_batch_size=8, algorithm=actor.algorithm, seed=0, epochs=1)
     orders = [[prompts[0], prompts[4]] for prompts in seen[::2]]  # the two prompts of each first mini-batch
     assert all(len(set(prompts)) == 2 and prompts.count(prompts[0]) == 4 for prompts in seen)
     assert len({tuple(o) for o in orders}) > 1  # the prompts are shuffled between updates
+
+
+@pytest.mark.parametrize("critic_epochs, steps", [(None, 2 * 2), (3, 2 * 3)])
+def test_the_critic_takes_its_own_epochs_of_optimizer_steps(tiny_model_dir, batch, critic_epochs, steps):
+    """critic.ppo_epochs passes of 2 mini-batches each (algorithm.ppo_epochs=2 when it is null)."""
+    critic = CriticEngine(CriticConfig(dtype="float32", optim=OptimConfig(lr=1e-4), ppo_epochs=critic_epochs),
+                          tiny_model_dir, algorithm(ppo_epochs=2), mini_batch_size=4)
+    critic.update(batch.with_fields(values=critic.compute_values(batch)))
+    assert critic.scheduler.last_epoch == steps
+
+
+def test_a_value_head_fitted_to_the_first_returns_explains_them_where_the_zero_head_explains_none(tiny_model_dir):
+    """A toy first step: 8 prompts of 4 samples, each prompt's return 0 or 1 on every token. The
+    fitted head explains those returns, and those of new responses to the same prompts."""
+    from ppo_trainer.core.metrics import explained_variance
+
+    lens = (PROMPT_LENS * 4, RESPONSE_LENS * 4)
+    first, later = random_batch(*lens, seed=0, samples=4), random_batch(*lens, seed=1, samples=4)
+    P = first.prompt_length
+    later = later.with_fields(input_ids=torch.cat([first.input_ids[:, :P], later.input_ids[:, P:]], dim=1))
+    outcome = torch.rand(8, generator=torch.Generator().manual_seed(3)).round().repeat_interleave(4)[:, None]
+    critic = make_critic(tiny_model_dir)
+    zero = explained_variance(critic.compute_values(first), outcome * first.response_mask, first.response_mask)
+    metrics = critic.fit_value_head(first.with_fields(returns=outcome * first.response_mask))
+    fitted = [explained_variance(critic.compute_values(b), outcome * b.response_mask, b.response_mask).item()
+              for b in (first, later)]
+    assert zero.item() == 0.0
+    assert fitted[0] > 0.9 and fitted[1] > 0.5
+    assert set(metrics) == {"critic/value_head_fit/ridge", "critic/value_head_fit/cv_explained_var"}

@@ -12,6 +12,7 @@ import torch
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.composition import compose
 from ppo_trainer.core import advantages as core_advantages
+from ppo_trainer.core.critic_warmup import CriticWarmup
 from ppo_trainer.core.gae import adaptive_lambda, compute_gae
 from ppo_trainer.trainer import run_training
 
@@ -27,8 +28,9 @@ def gae_of(step: int, *overrides: str):
     rewards = torch.randn(6, 60, generator=gen) * mask
     batch = Batch(input_ids=torch.zeros(6, 61, dtype=torch.long), attention_mask=torch.ones(6, 61),
                   position_ids=torch.zeros(6, 61), response_mask=mask, values=torch.randn(6, 60, generator=gen) * mask)
+    warmup = CriticWarmup(cfg.algorithm.critic_warmup, None)  # no step observed: it lasts critic_warmup steps
     out = core_advantages.compute(torch.zeros(6), torch.zeros(6, 60), rewards, batch.values, mask, cfg.gae, kl_coef=1.0,
-                                  step=step, critic_warmup=cfg.algorithm.critic_warmup)
+                                  warming_up=warmup.active(step), warmup_phase=warmup.metric_phase(step))
     metrics = {k: v for k, v in out.metrics.items() if "warmup" in k}
     return cfg, rewards, batch, out.advantages, out.returns, metrics
 

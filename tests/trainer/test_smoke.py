@@ -89,3 +89,16 @@ def test_with_an_entropy_bonus_the_update_entropy_has_its_own_name(tmp_path):
     metrics = read_metrics(tmp_path)[1]
     assert metrics["actor/entropy"] > 0 and metrics["actor/update_entropy"] > 0
     assert metrics["actor/entropy"] != metrics["actor/update_entropy"]
+
+
+def test_with_a_positive_example_loss_the_actor_imitates_the_steps_correct_responses(tmp_path):
+    """VAPO's NLL term: logged where a response scored reward.correct_score, 0 where none did."""
+    reward = tmp_path / "parity_reward.py"  # the tiny model's responses score 0 or 1 by their first character
+    reward.write_text("def reward(response, ground_truth):\n    return float(ord(response[:1] or 'a') % 2 == 0)\n")
+    smoke(tmp_path / "run", "trainer.total_steps=3", "trainer.save_every=0", f"reward.fn={reward}:reward",
+          "algorithm.positive_lm_loss_coef=0.5")
+    metrics = read_metrics(tmp_path / "run")
+    for step in (1, 2, 3):
+        correct = metrics[step]["critic/score/mean"] > 0
+        assert (metrics[step]["actor/positive_lm_loss"] > 0) is correct, step
+    assert any(metrics[step]["critic/score/mean"] > 0 for step in (1, 2, 3))
