@@ -25,14 +25,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ppo_trainer.config.composition import check_grid_sweep, compose
-from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
-from ppo_trainer.errors import InputError, RunError
-from ppo_trainer.config.validation import url_credentials_error, validate_static
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides
+from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, ConfigError
+from ppo_trainer.config.secrets import has_credentials, mask_argument, mask_secrets
+from ppo_trainer.config.validation import url_credentials_error, validate_static
+from ppo_trainer.console import engine_output_to_file, random_model_note, set_engine_log_levels, shown_path
+from ppo_trainer.errors import InputError, RunError
 from ppo_trainer.rewards.remote import TOKEN_ENV
 from ppo_trainer.run.folder import absolute_output_dir, exclusive, output_dir_problem
-from ppo_trainer.config.secrets import has_credentials, mask_argument, mask_secrets
-from ppo_trainer.console import engine_output_to_file, random_model_note, set_engine_log_levels, shown_path
 from ppo_trainer.tracking import flatten
 
 if TYPE_CHECKING:
@@ -397,12 +397,18 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     from ppo_trainer.config.composition import compose
     from ppo_trainer.config.trust import eval_config
     from ppo_trainer.data import load_prompts
-    from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results,
-                                      validation_seed)
+    from ppo_trainer.evaluate import (
+        eval_temperature,
+        evaluate_records,
+        first_per_source,
+        format_results,
+        validation_seed,
+    )
     from ppo_trainer.models.loading import load_tokenizer
     from ppo_trainer.rewards.loader import answer_check
     from ppo_trainer.rewards.math import EXTRACTORS
-    from ppo_trainer.rollout import build_sampler, vllm as vllm_rollout
+    from ppo_trainer.rollout import build_sampler
+    from ppo_trainer.rollout import vllm as vllm_rollout
     from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches
 
     paths, rest = model_paths(overrides)

@@ -86,8 +86,14 @@ class ConsoleProgress:
 
     def __init__(self, total_steps: int, start_step: int):
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.total_steps = total_steps
         # redirect_*=False: what the engines print goes to engine.log, not through the bar's console

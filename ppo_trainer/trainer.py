@@ -15,8 +15,11 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.run import checkpoint, folder as run_folder, resume, trainer_state
 from ppo_trainer.batch import Batch
+from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
+from ppo_trainer.config.paths import absolute_paths
+from ppo_trainer.config.trust import code_overrides
+from ppo_trainer.console import console_stream, run_summary
 from ppo_trainer.core import advantages
 from ppo_trainer.core.critic_warmup import CriticWarmup
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
@@ -24,25 +27,35 @@ from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
-from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
-from ppo_trainer.config.paths import absolute_paths
-from ppo_trainer.config.trust import code_overrides
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
-from ppo_trainer.evaluate import (eval_temperature, evaluate_records, prompt_batch, reward_inputs, validation_metrics,
-                                  validation_seed)
+from ppo_trainer.errors import InputError, RunError
+from ppo_trainer.evaluate import (
+    eval_temperature,
+    evaluate_records,
+    prompt_batch,
+    reward_inputs,
+    validation_metrics,
+    validation_seed,
+)
 from ppo_trainer.rewards import shaping
 from ppo_trainer.rewards.loader import answer_check
 from ppo_trainer.rewards.math import EXTRACTORS
-from ppo_trainer.rewards.scoring import (CombinedScorer, Scorer, build_scorer, build_training_scorer,
-                                         require_finite_scores, reward_metrics)
+from ppo_trainer.rewards.scoring import (
+    CombinedScorer,
+    Scorer,
+    build_scorer,
+    build_training_scorer,
+    require_finite_scores,
+    reward_metrics,
+)
 from ppo_trainer.rollout import Sampler
-from ppo_trainer.console import console_stream, run_summary
+from ppo_trainer.run import checkpoint, resume, trainer_state
+from ppo_trainer.run import folder as run_folder
 from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.group import WorkerGroup
 from ppo_trainer.workers.roles import Worker, WorkerError
-from ppo_trainer.errors import InputError, RunError
 
 log = logging.getLogger("ppo_trainer")
 

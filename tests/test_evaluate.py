@@ -5,17 +5,24 @@ model forms ppo-eval accepts."""
 from __future__ import annotations
 
 import functools
-import os
 import json
+import os
 
 import pytest
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.data.datasets import PromptRecord
-from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.cli import run_eval
-from ppo_trainer.evaluate import (eval_temperature, evaluate_records, first_per_source, format_results,
-                                  validation_metrics, validation_seed, wilson_interval)
+from ppo_trainer.config.schema import ConfigError
+from ppo_trainer.data.datasets import PromptRecord
+from ppo_trainer.evaluate import (
+    eval_temperature,
+    evaluate_records,
+    first_per_source,
+    format_results,
+    validation_metrics,
+    validation_seed,
+    wilson_interval,
+)
 from ppo_trainer.rewards import math as math_reward
 from ppo_trainer.rewards.calling import Calling
 from ppo_trainer.rewards.scoring import Accuracy, FunctionScorer

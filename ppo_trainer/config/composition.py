@@ -10,9 +10,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ppo_trainer.config.overrides import check_overrides, normalize_overrides, sweep_file
 from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, MOVED_KEYS, ConfigError
 from ppo_trainer.config.validation import validate_static
-from ppo_trainer.config.overrides import check_overrides, normalize_overrides, sweep_file
 
 log = logging.getLogger("ppo_trainer")
 
@@ -62,7 +62,8 @@ def check_grid_sweep(overrides: list[str]) -> None:
 
 def compose(overrides: list[str]) -> DictConfig:
     """Compose and statically validate a config without Hydra's run machinery (tests, ppo-eval)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
     overrides = normalize_overrides(overrides)

@@ -13,8 +13,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ppo_trainer.config.schema import (CONFIG_DIR, MOVED_KEYS, ConfigError, PPOConfig, config_groups, group_options,
-                                       schema_keys)
+from ppo_trainer.config.schema import (
+    CONFIG_DIR,
+    MOVED_KEYS,
+    ConfigError,
+    PPOConfig,
+    config_groups,
+    group_options,
+    schema_keys,
+)
 
 _KEYS = schema_keys()
 

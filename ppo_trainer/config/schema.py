@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
-from ppo_trainer.errors import InputError
 
 from ppo_trainer.core import choices
+from ppo_trainer.errors import InputError
 
 
 class ConfigError(InputError):

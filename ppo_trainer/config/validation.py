@@ -11,11 +11,17 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ppo_trainer.config import metric_names
-from ppo_trainer.config.derived import batch_arithmetic
-from ppo_trainer.config.schema import (ARITHMETIC_OPERATIONS, ARITHMETIC_TWO_STEP, ConfigError, PPOConfig, RewardConfig,
-                                       Rule, schema_rules)
-from ppo_trainer.config.derived import kl_in_reward, uses_reference
+from ppo_trainer.config.derived import batch_arithmetic, kl_in_reward, uses_reference
 from ppo_trainer.config.overrides import check_key, unknown_key_error
+from ppo_trainer.config.schema import (
+    ARITHMETIC_OPERATIONS,
+    ARITHMETIC_TWO_STEP,
+    ConfigError,
+    PPOConfig,
+    RewardConfig,
+    Rule,
+    schema_rules,
+)
 from ppo_trainer.config.secrets import has_credentials, redact_url
 
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import arithmetic, digits
-from ppo_trainer.models.loading import hub_offline
 from ppo_trainer.errors import InputError
+from ppo_trainer.models.loading import hub_offline
 
 logger = logging.getLogger("ppo_trainer")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ppo_trainer.models import tiny
 from ppo_trainer.errors import InputError
+from ppo_trainer.models import tiny
 
 logger = logging.getLogger("ppo_trainer")
 

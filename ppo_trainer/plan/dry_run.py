@@ -10,14 +10,13 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config.derived import batch_arithmetic, critic_epochs
-from ppo_trainer.data.datasets import describe_split
-from ppo_trainer.config.derived import kl_in_reward, uses_reference
-from ppo_trainer.dtypes import auto_dtype
-from ppo_trainer.plan.memory import memory_plan
-from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
-from ppo_trainer.rewards.remote import bearer_token, url_problem
+from ppo_trainer.config.derived import batch_arithmetic, critic_epochs, kl_in_reward, uses_reference
 from ppo_trainer.config.secrets import mask_secrets, redact_url
+from ppo_trainer.data.datasets import describe_split
+from ppo_trainer.dtypes import auto_dtype
+from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
+from ppo_trainer.plan.memory import memory_plan
+from ppo_trainer.rewards.remote import bearer_token, url_problem
 from ppo_trainer.workers.accelerators import detect, local_device_count
 from ppo_trainer.workers.cluster.nodes import ray_address_problem
 from ppo_trainer.workers.cluster.placement import describe_placement, plan_placement, roles_of

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
 from ppo_trainer.errors import RunError
 
 # verl's NaiveRewardManager passes these by keyword to compute_score (one row), its

@@ -31,7 +31,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ppo_trainer.rewards.calling import Failure, Outcome, RewardError, RewardInput, RewardSpec, call, import_reward, one_line
+from ppo_trainer.rewards.calling import (
+    Failure,
+    Outcome,
+    RewardError,
+    RewardInput,
+    RewardSpec,
+    call,
+    import_reward,
+    one_line,
+)
 
 START_TIMEOUT_S = 300.0  # a worker imports reward.fn's module (and what it imports: torch takes seconds)
 _HEADER = struct.Struct("<Q")

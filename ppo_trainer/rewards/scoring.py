@@ -18,13 +18,21 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from ppo_trainer.config.schema import ConfigError, RewardConfig
-from ppo_trainer.rewards.calling import (Calling, Failure, Outcome, RewardError, RewardInput, absolute_ref, call,
-                                         finite_score)
+from ppo_trainer.config.secrets import redact_url
+from ppo_trainer.rewards.calling import (
+    Calling,
+    Failure,
+    Outcome,
+    RewardError,
+    RewardInput,
+    absolute_ref,
+    call,
+    finite_score,
+)
 from ppo_trainer.rewards.loader import given_options, resolve, start_workers
 from ppo_trainer.rewards.pool import WorkerPool
 from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
 from ppo_trainer.run.resume import nonfinite_statistics
-from ppo_trainer.config.secrets import redact_url
 
 
 @dataclass
@@ -244,7 +252,9 @@ class RewardModelScorer:
         self.group, self.on_error, self.source = group, on_error, f"the reward model at reward.model.path={path}"
 
     def score(self, rows: Sequence[RewardInput]) -> Scores:
-        from ppo_trainer.engine.reward_model import RewardModelEngine  # torch and transformers: with a reward model only
+        from ppo_trainer.engine.reward_model import (
+            RewardModelEngine,  # torch and transformers: with a reward model only
+        )
 
         replicas = len(self.group)
         shares = [list(range(i * len(rows) // replicas, (i + 1) * len(rows) // replicas)) for i in range(replicas)]

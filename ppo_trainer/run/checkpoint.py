@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
 from ppo_trainer.config.composition import load_saved
 from ppo_trainer.console import shown_path
 from ppo_trainer.errors import InputError, RunError

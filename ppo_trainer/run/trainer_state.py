@@ -17,7 +17,8 @@ from ppo_trainer.console import finished_text, shown_path
 from ppo_trainer.data import PromptLoader, PromptRecord
 from ppo_trainer.dtypes import resolve_dtype
 from ppo_trainer.rewards.scoring import reward_fingerprint
-from ppo_trainer.run import checkpoint, folder as run_folder, resume
+from ppo_trainer.run import checkpoint, resume
+from ppo_trainer.run import folder as run_folder
 from ppo_trainer.tracking import metric_series, read_jsonl
 from ppo_trainer.workers.accelerators import detect
 from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker

@@ -7,9 +7,9 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 import torch
 from omegaconf import DictConfig
 
-from ppo_trainer.workers import watchdog
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.distributed import init_one_rank
+from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.accelerators import DeviceKind, detect
 from ppo_trainer.workers.cluster.placement import roles_of
 from ppo_trainer.workers.roles import Worker, method_name, replica_seed

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import os
 
-
 # PyTorch runs bf16 matmuls on a CPU through oneDNN, which keeps a compiled kernel per matmul
 # shape in two caches of 1024 entries (oneDNN's own and ideep's), about 1 MB each. Packed
 # micro-batches bring new shapes nearly every time, so with those defaults a run's resident size

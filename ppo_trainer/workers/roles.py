@@ -12,18 +12,17 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
-from ppo_trainer.config.derived import batch_arithmetic, optimizer_steps
-from ppo_trainer.run.checkpoint import write_manifest
-from ppo_trainer.config.derived import uses_reference
+from ppo_trainer.config.derived import batch_arithmetic, optimizer_steps, uses_reference
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.engine.reward_model import RewardModelEngine
+from ppo_trainer.errors import RunError
 from ppo_trainer.models.loading import resolve_model_path
 from ppo_trainer.rollout import Sampler, build_sampler
+from ppo_trainer.run.checkpoint import write_manifest
 from ppo_trainer.workers.cluster.nodes import folder_problem, this_node
 from ppo_trainer.workers.cluster.placement import DISTRIBUTED_ROLES
 from ppo_trainer.workers.process_tuning import bound_cpu_kernel_caches, keep_freed_host_memory
-from ppo_trainer.errors import RunError
 
 
 def replica_seed(seed: int, replica: int) -> int:

@@ -12,8 +12,8 @@ import pytest
 
 from ppo_trainer.config import metric_names
 from ppo_trainer.config.composition import compose
-from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.config.derived import uses_reference
+from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.trainer import run_training
 
 METRICS_MD = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
+
+import tomllib
 
 from ppo_trainer.config.schema import CONFIG_DIR
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ppo_trainer.config.composition import compose
-from ppo_trainer.plan.dry_run import describe_plan
 from ppo_trainer.config.secrets import mask_secrets
+from ppo_trainer.plan.dry_run import describe_plan
 
 
 def test_remote_code_is_off_by_default():
@@ -35,8 +35,9 @@ def test_dry_run_plan_prints_the_config():
 
 def test_the_ray_floor_excludes_the_dashboard_rce_versions():
     """ray < 2.52 executes code sent to its dashboard (CVE-2025-62593)."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     assert "ray>=2.52" in project["dependencies"]

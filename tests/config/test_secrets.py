@@ -19,9 +19,9 @@ from typing import Iterator
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer.run import folder as run_folder
 from ppo_trainer.config.schema import CONFIG_DIR
 from ppo_trainer.config.secrets import mask_secrets
+from ppo_trainer.run import folder as run_folder
 
 TOKEN = "tok-7f3a9c1e5b"
 PASSWORD = "pw-51d0c2"

@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from ppo_trainer.core.gae import compute_gae
-from ppo_trainer.core.metrics import (approx_kl, clip_fraction, explained_variance, logprob_gap_metrics,
-                                       value_error_by_third)
+from ppo_trainer.core.metrics import (
+    approx_kl,
+    clip_fraction,
+    explained_variance,
+    logprob_gap_metrics,
+    value_error_by_third,
+)
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
 RETURNS = torch.tensor([[1.0, 2.0, 4.0, 99.0], [-1.0, 3.0, -50.0, 7.0]])

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from ppo_trainer.config.schema import AlgorithmConfig
-from ppo_trainer.core.losses import (actor_loss, aggregate, kl_penalty, policy_loss, positive_examples,
-                                     positive_lm_loss, value_loss)
+from ppo_trainer.core.losses import (
+    actor_loss,
+    aggregate,
+    kl_penalty,
+    policy_loss,
+    positive_examples,
+    positive_lm_loss,
+    value_loss,
+)
 
 
 def test_policy_loss_with_ratio_one_is_the_unclipped_surrogate():

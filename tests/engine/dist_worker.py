@@ -15,8 +15,8 @@ from pathlib import Path
 START = time.time()
 
 import torch  # noqa: E402
-
 from engine_cases import SMALL_BUDGET, make_actor, make_critic, one_step  # noqa: E402
+
 from ppo_trainer.engine.microbatch import fill_by_cost, micro_batch_units  # noqa: E402
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_cases import PROMPT_LENS, RESPONSE_LENS, SMALL_BUDGET, full_grads, make_actor, random_batch
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from engine_cases import (
     BIG_BUDGET,
     PROMPT_LENS,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_cases import (
     BIG_BUDGET,
     PROMPT_LENS,
@@ -18,6 +17,7 @@ from engine_cases import (
     naive_logprobs,
     random_batch,
 )
+
 from ppo_trainer.config.schema import CriticConfig, LoraConfig, OptimConfig
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 from engine_cases import PROMPT_LENS, RESPONSE_LENS, random_batch
+
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.microbatch import global_counts, plan_micro_batches
 

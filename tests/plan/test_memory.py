@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.plan import memory as memory_plan
 from ppo_trainer.config.composition import compose
 from ppo_trainer.config.derived import uses_reference
+from ppo_trainer.plan import memory as memory_plan
 from ppo_trainer.plan.memory import GIB, KNOWN_DIMS, MEMORY_MARGIN, PROCESS_BASELINE, Dims, activation_bytes, model_dims
 
 PERFORMANCE_MD = Path(__file__).resolve().parents[2] / "docs" / "performance.md"

@@ -16,9 +16,15 @@ import pytest
 from ppo_trainer.config.composition import compose
 from ppo_trainer.rewards.calling import RewardError, RewardInput
 from ppo_trainer.rewards.remote import RemoteRewardClient, RemoteRewardError, RemoteScores
+from ppo_trainer.rewards.scoring import (
+    CombinedScorer,
+    Part,
+    RemoteScorer,
+    RunningNorm,
+    build_training_scorer,
+    require_finite_scores,
+)
 from ppo_trainer.run.resume import nonfinite_statistics
-from ppo_trainer.rewards.scoring import (CombinedScorer, Part, RemoteScorer, RunningNorm, build_training_scorer,
-                                         require_finite_scores)
 
 
 def rows(n: int) -> list[RewardInput]:

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
+from ppo_trainer.models.export import safetensors_ready
 from ppo_trainer.rollout import check_vllm_available, prompts_to_batch
 from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop
-from ppo_trainer.models.export import safetensors_ready
 
 
 def test_prompts_to_batch_left_pads_and_counts_positions_from_first_real_token():

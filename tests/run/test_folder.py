@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer.run import folder as run_folder
 from ppo_trainer.cli import train_main
 from ppo_trainer.config.composition import compose
+from ppo_trainer.run import folder as run_folder
 from ppo_trainer.tracking import wandb_run_id
 from ppo_trainer.trainer import NonFiniteError, run_training
 
@@ -176,8 +176,8 @@ def test_a_sweep_with_a_fixed_output_dir_trains_every_job_in_its_own_folder(tmp_
 
 
 def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_the_rerun_gets_the_room_back(tmp_path, monkeypatch):
-    from ppo_trainer.run.checkpoint import CheckpointSaveError
     from ppo_trainer.engine.fsdp import FSDPEngine
+    from ppo_trainer.run.checkpoint import CheckpointSaveError
 
     real_save = FSDPEngine.save_state
 

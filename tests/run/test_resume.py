@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer.run import folder as run_folder, resume
-from ppo_trainer.run.checkpoint import CheckpointError
 from ppo_trainer.config.composition import compose
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.engine.optim import lr_factor
+from ppo_trainer.run import folder as run_folder
+from ppo_trainer.run import resume
+from ppo_trainer.run.checkpoint import CheckpointError
 from ppo_trainer.trainer import Trainer, run_training
 
 BASE = ["+experiment=smoke", "trainer.loggers=[jsonl]", "trainer.total_steps=6", "trainer.save_every=2",

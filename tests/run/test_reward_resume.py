@@ -17,10 +17,10 @@ from typing import Callable, Iterator
 
 import pytest
 
-from ppo_trainer.run import resume
 from ppo_trainer.cli import train_main
 from ppo_trainer.config.composition import compose
 from ppo_trainer.rewards.calling import RewardError
+from ppo_trainer.run import resume
 from ppo_trainer.trainer import run_training
 
 SMOKE = ["+experiment=smoke", "trainer.loggers=[jsonl]", "eval.reward_fn=ppo_trainer.rewards.math:score"]

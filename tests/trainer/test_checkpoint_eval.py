@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_trainer.config.composition import compose
 from ppo_trainer.cli import run_eval
+from ppo_trainer.config.composition import compose
 from ppo_trainer.trainer import run_training
 
 REWARD_MODULE = "checkpoint_eval_hash_reward"

@@ -8,9 +8,9 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.composition import compose
+from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.data import PromptRecord
-from ppo_trainer.config.derived import kl_in_reward, uses_reference
 from ppo_trainer.plan.dry_run import describe_plan
 from ppo_trainer.trainer import Trainer
 

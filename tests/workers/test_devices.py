@@ -10,9 +10,15 @@ import pytest
 from ppo_trainer.config.composition import compose
 from ppo_trainer.plan.dry_run import placement_lines
 from ppo_trainer.workers import accelerators
-from ppo_trainer.workers.cluster import placement
 from ppo_trainer.workers.accelerators import detect
-from ppo_trainer.workers.cluster.placement import ClusterNode, PlacementError, assign_nodes, plan_placement, ray_init_kwargs
+from ppo_trainer.workers.cluster import placement
+from ppo_trainer.workers.cluster.placement import (
+    ClusterNode,
+    PlacementError,
+    assign_nodes,
+    plan_placement,
+    ray_init_kwargs,
+)
 
 from .conftest import computing_on_cpu
 

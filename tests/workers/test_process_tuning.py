@@ -12,7 +12,6 @@ import pytest
 from ppo_trainer.dtypes import auto_dtype
 from ppo_trainer.workers.process_tuning import CPU_KERNEL_CACHE_VARS
 
-
 # A 64 MiB tensor is 16,384 pages of 4 KiB. By default glibc maps each such block fresh and unmaps it
 # when freed, so every allocation faults all of its pages in again. Kept in the heap, the freed blocks
 # serve later allocations once the heap holds a block that fits: small allocations between rounds can

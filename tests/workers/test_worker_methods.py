@@ -11,10 +11,10 @@ import inspect
 import pytest
 
 from ppo_trainer import trainer
-from ppo_trainer.run import trainer_state
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.rollout import Sampler
+from ppo_trainer.run import trainer_state
 from ppo_trainer.workers.roles import ENGINES, Worker, method_name
 
 GROUP_CALLS = ("run_all", "run_each", "run_split")

@@ -24,12 +24,31 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ppo_trainer.engine.distributed import join_group, open_store_listener, resolve_device
 from ppo_trainer.workers.accelerators import DeviceKind, detect
-from ppo_trainer.workers.cluster.nodes import (NodeReport, check_reports, model_paths, node_report, package_versions,
-                                         packages_for, remove_marker, write_marker)
 from ppo_trainer.workers.cluster.network import choose_gloo_interface
-from ppo_trainer.workers.cluster.placement import (DISTRIBUTED_ROLES, ClusterNode, Placement, PlacementError, Pool,
-                                           RolePlacement, assign_nodes, bundle_spec, format_resources, plan_placement,
-                                           ray_init_kwargs, worker_resources)
+from ppo_trainer.workers.cluster.nodes import (
+    NodeReport,
+    check_reports,
+    model_paths,
+    node_report,
+    package_versions,
+    packages_for,
+    remove_marker,
+    write_marker,
+)
+from ppo_trainer.workers.cluster.placement import (
+    DISTRIBUTED_ROLES,
+    ClusterNode,
+    Placement,
+    PlacementError,
+    Pool,
+    RolePlacement,
+    assign_nodes,
+    bundle_spec,
+    format_resources,
+    plan_placement,
+    ray_init_kwargs,
+    worker_resources,
+)
 from ppo_trainer.workers.roles import WorkerError
 
 log = logging.getLogger("ppo_trainer")

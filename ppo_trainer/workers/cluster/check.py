@@ -17,12 +17,28 @@ from omegaconf import DictConfig
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ppo_trainer.workers.accelerators import DeviceKind, detect
-from ppo_trainer.workers.cluster.nodes import (CLUSTER_DOC, ClusterMismatch, NodeReport, model_paths, node_report,
-                                         package_versions, packages_for, ray_address_problem, remove_marker,
-                                         version_problems, write_marker)
+from ppo_trainer.workers.cluster.backend import (
+    PlacementPool,
+    RayWorkers,
+    disconnect,
+    fit_on_cluster,
+    start_ray,
+    worker_config,
+)
+from ppo_trainer.workers.cluster.nodes import (
+    CLUSTER_DOC,
+    ClusterMismatch,
+    NodeReport,
+    model_paths,
+    node_report,
+    package_versions,
+    packages_for,
+    ray_address_problem,
+    remove_marker,
+    version_problems,
+    write_marker,
+)
 from ppo_trainer.workers.cluster.placement import PlacementError, RolePlacement, plan_placement
-from ppo_trainer.workers.cluster.backend import (PlacementPool, RayWorkers, disconnect, fit_on_cluster, start_ray,
-                                             worker_config)
 from ppo_trainer.workers.roles import WorkerError
 
 NODE_TIMEOUT_S = 120.0  # a node whose pinned task has not answered by then is unreachable

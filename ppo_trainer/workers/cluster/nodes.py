@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
+
 from ppo_trainer.errors import InputError
 
 PACKAGES = ("ppo_trainer", "torch", "transformers", "vllm", "ray")

@@ -12,8 +12,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from ppo_trainer.workers.accelerators import DeviceKind, local_device_count
 from ppo_trainer.errors import InputError
+from ppo_trainer.workers.accelerators import DeviceKind, local_device_count
 
 ROLES = ("actor", "critic", "rollout")
 DISTRIBUTED_ROLES = ("actor", "critic")  # FSDP: one process group per role; rollout replicas are independent

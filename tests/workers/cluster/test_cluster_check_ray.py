@@ -138,8 +138,8 @@ def test_a_checkpoint_folder_a_node_does_not_see_stops_the_first_save_before_the
 
 def test_a_rank_left_alone_in_a_collective_fails_after_the_collective_timeout_naming_its_role(ray_cluster):
     from ppo_trainer.workers.accelerators import detect
-    from ppo_trainer.workers.cluster.placement import plan_placement
     from ppo_trainer.workers.cluster.backend import PlacementPool, RayWorkers, fit_on_cluster, start_ray
+    from ppo_trainer.workers.cluster.placement import plan_placement
     from ppo_trainer.workers.roles import WorkerError
 
     cfg = compose(ray_overrides(ray_cluster, actor=2, critic=1, rollout=1)

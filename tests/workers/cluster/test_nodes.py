@@ -11,10 +11,20 @@ import pytest
 
 from ppo_trainer.config.composition import compose
 from ppo_trainer.plan.dry_run import launcher_problem
-from ppo_trainer.workers.cluster.nodes import (MARKER, ClusterMismatch, NodeReport, check_reports, folder_problem,
-                                         model_paths, package_versions, packages_for, source_digest, version_problems,
-                                         write_marker)
 from ppo_trainer.workers.cluster.network import choose_gloo_interface, interface_with
+from ppo_trainer.workers.cluster.nodes import (
+    MARKER,
+    ClusterMismatch,
+    NodeReport,
+    check_reports,
+    folder_problem,
+    model_paths,
+    package_versions,
+    packages_for,
+    source_digest,
+    version_problems,
+    write_marker,
+)
 
 DRIVER = {"ppo_trainer": "0.1.0 (source 1a2b3c4d)", "torch": "2.13.0+cpu", "transformers": "5.19.0",
           "ray": "2.60.0"}

@@ -86,8 +86,8 @@ def test_cpu_slots_place_one_worker_per_cpu_bundle_without_visible_devices(ray_c
 
 
 def test_more_devices_than_the_cluster_has_fails_fast_naming_role_and_numbers(ray_cluster):
-    from ppo_trainer.workers.group import build_groups
     from ppo_trainer.workers.cluster.backend import start_ray
+    from ppo_trainer.workers.group import build_groups
 
     cfg = compose(ray_overrides(ray_cluster, actor=2, critic=8, rollout=1)
                   + ["data.train_batch_size=8", "algorithm.ppo_mini_batch_size=8"])
