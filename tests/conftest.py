@@ -81,3 +81,50 @@ def load_script():
         return module
 
     return load
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch, tmp_path):
+    """The test fails if a model is about to load (the error it expects must come earlier); it runs
+    in its tmp_path."""
+    def fail(*_args, **_kwargs):
+        raise AssertionError("a model was about to load: the error must come earlier")
+
+    monkeypatch.setattr("ppo_trainer.workers.group.build_groups", fail)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def ppo_train_error(capsys):
+    """`ppo_train_error(*overrides)`: `ppo-train +experiment=smoke ...` in this process; asserts exit
+    code 2 and one line on stderr, and returns that line."""
+    from ppo_trainer.cli import train_main
+
+    def run(*args: str) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            train_main(["+experiment=smoke", *args])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        return err[0]
+
+    return run
+
+
+@pytest.fixture
+def serve_on_loopback():
+    """`serve(server)`: an HTTP server already bound to 127.0.0.1 (port 0: a free one) runs in a
+    daemon thread until the test ends; returns its `/get_reward` URL."""
+    import threading
+
+    servers = []
+
+    def serve(server) -> str:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/get_reward"
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()

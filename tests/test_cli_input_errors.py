@@ -9,26 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_trainer.cli import train_main
-
-
-@pytest.fixture(autouse=True)
-def no_model_loading(monkeypatch, tmp_path):
-    def fail(*_args, **_kwargs):
-        raise AssertionError("a model was about to load: the error must come earlier")
-
-    monkeypatch.setattr("ppo_trainer.workers.group.build_groups", fail)
-    monkeypatch.chdir(tmp_path)
-
-
-def run_cli(capsys, *args: str) -> str:
-    """Run ppo-train in-process; assert exit code 2 and one line on stderr; return that line."""
-    with pytest.raises(SystemExit) as exit_info:
-        train_main(["+experiment=smoke", *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
+pytestmark = pytest.mark.usefixtures("no_model_loading")
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -84,26 +65,26 @@ STATIC_CASES = [
 
 
 @pytest.mark.parametrize("overrides,fragment", STATIC_CASES, ids=[c[0][0] for c in STATIC_CASES])
-def test_static_config_errors(capsys, overrides, fragment):
-    assert fragment in run_cli(capsys, *overrides)
+def test_static_config_errors(ppo_train_error, overrides, fragment):
+    assert fragment in ppo_train_error(*overrides)
 
 
-def test_missing_model_path(capsys):
-    assert "/no/such/model" in run_cli(capsys, "model.path=/no/such/model")
+def test_missing_model_path(ppo_train_error):
+    assert "/no/such/model" in ppo_train_error("model.path=/no/such/model")
 
 
-def test_files_source_without_train_files(capsys, tmp_path):
+def test_files_source_without_train_files(ppo_train_error, tmp_path):
     rows = write_jsonl(tmp_path / "rows.jsonl", GOOD_ROWS)
-    line = run_cli(capsys, "data.source=files", f"data.val_files={rows}")
+    line = ppo_train_error("data.source=files", f"data.val_files={rows}")
     assert "data.train_files is empty; data.source=files needs jsonl or parquet files" in line
 
 
-def test_missing_data_file(capsys):
-    line = run_cli(capsys, "data.source=files", "data.train_files=/no/such/train.jsonl")
+def test_missing_data_file(ppo_train_error):
+    line = ppo_train_error("data.source=files", "data.train_files=/no/such/train.jsonl")
     assert "data.train_files" in line and "/no/such/train.jsonl" in line
 
 
-def test_malformed_jsonl_row_names_file_and_line(capsys, tmp_path, monkeypatch):
+def test_malformed_jsonl_row_names_file_and_line(ppo_train_error, tmp_path, monkeypatch):
     # As on a fresh machine after other tests: the tiny model is built inside the captured run
     # (empty model cache), with transformers already imported and its progress bars on.
     from transformers.utils import logging as hf_logging
@@ -111,121 +92,121 @@ def test_malformed_jsonl_row_names_file_and_line(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PPO_TRAINER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(hf_logging, "_tqdm_active", True)
     bad = write_jsonl(tmp_path / "bad.jsonl", [*GOOD_ROWS[:2], "{not json", *GOOD_ROWS[2:]])
-    line = run_cli(capsys, "data.source=files", f"data.train_files={bad}", f"data.val_files={bad}")
+    line = ppo_train_error("data.source=files", f"data.train_files={bad}", f"data.val_files={bad}")
     assert f"{bad}:3" in line
 
 
-def test_non_utf8_jsonl_line_names_file_and_line(capsys, tmp_path):
+def test_non_utf8_jsonl_line_names_file_and_line(ppo_train_error, tmp_path):
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b"".join(json.dumps(row).encode() + b"\n" for row in GOOD_ROWS[:3])
                     + '{"question": "Caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1"))
-    line = run_cli(capsys, f"data.train_files={bad}")
+    line = ppo_train_error(f"data.train_files={bad}")
     assert f"{bad}:4: not UTF-8 text" in line and "data.bad_rows=skip" in line
 
 
-def test_corrupt_parquet_names_the_file(capsys, tmp_path):
+def test_corrupt_parquet_names_the_file(ppo_train_error, tmp_path):
     bad = tmp_path / "cut.parquet"
     bad.write_bytes(b"PAR1\x15\x04truncated")
-    line = run_cli(capsys, f"data.val_files={bad}")
+    line = ppo_train_error(f"data.val_files={bad}")
     assert f"{bad}: not a readable parquet file" in line
 
 
-def test_missing_column_names_the_key(capsys, tmp_path):
+def test_missing_column_names_the_key(ppo_train_error, tmp_path):
     rows = write_jsonl(tmp_path / "rows.jsonl", GOOD_ROWS)
-    line = run_cli(capsys, "data.source=files", f"data.train_files={rows}", f"data.val_files={rows}",
+    line = ppo_train_error("data.source=files", f"data.train_files={rows}", f"data.val_files={rows}",
                    "data.prompt_key=problem")
     assert "problem" in line and f"{rows}:1" in line
 
 
-def test_empty_dataset_after_length_filter(capsys):
-    line = run_cli(capsys, "data.max_prompt_length=8", "algorithm.ppo_micro_batch_tokens=64", "sampler.max_new_tokens=8")
+def test_empty_dataset_after_length_filter(ppo_train_error):
+    line = ppo_train_error("data.max_prompt_length=8", "algorithm.ppo_micro_batch_tokens=64", "sampler.max_new_tokens=8")
     assert "data.max_prompt_length" in line
 
 
-def test_device_request_larger_than_the_machine(capsys):
-    assert "GPU" in run_cli(capsys, "devices=gpu")
+def test_device_request_larger_than_the_machine(ppo_train_error):
+    assert "GPU" in ppo_train_error("devices=gpu")
 
 
-def test_vllm_sampler_without_vllm_installed(capsys, monkeypatch):
+def test_vllm_sampler_without_vllm_installed(ppo_train_error, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    assert "pip install" in run_cli(capsys, "sampler=vllm")
+    assert "pip install" in ppo_train_error("sampler=vllm")
 
 
-def test_reward_function_that_does_not_exist(capsys):
-    assert "reward.fn" in run_cli(capsys, "reward.fn=no_such_module:score")
+def test_reward_function_that_does_not_exist(ppo_train_error):
+    assert "reward.fn" in ppo_train_error("reward.fn=no_such_module:score")
 
 
-def test_output_dir_of_another_model(capsys, tmp_path):
+def test_output_dir_of_another_model(ppo_train_error, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text("model:\n  path: some/other-model\n")
     (out / "checkpoints").mkdir()
-    line = run_cli(capsys, f"trainer.output_dir={out}")
+    line = ppo_train_error(f"trainer.output_dir={out}")
     assert "some/other-model" in line and "trainer.output_dir" in line
 
 
-def test_corrupt_resume_state(capsys, tmp_path):
+def test_corrupt_resume_state(ppo_train_error, tmp_path):
     out = tmp_path / "run"
     step = out / "checkpoints" / "global_step_2"
     (step / "state").mkdir(parents=True)
     (step / "state" / "trainer.json").write_text("{truncated")
     (out / "checkpoints" / "latest").write_text("global_step_2\n")
-    assert "corrupt resume state" in run_cli(capsys, f"trainer.output_dir={out}")
+    assert "corrupt resume state" in ppo_train_error(f"trainer.output_dir={out}")
 
 
-def test_latest_naming_a_missing_checkpoint(capsys, tmp_path):
+def test_latest_naming_a_missing_checkpoint(ppo_train_error, tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "latest").write_text("global_step_9\n")
-    assert "global_step_9" in run_cli(capsys, f"trainer.output_dir={out}")
+    assert "global_step_9" in ppo_train_error(f"trainer.output_dir={out}")
 
 
-def test_resume_from_a_folder_that_is_not_a_checkpoint(capsys, tmp_path):
-    assert "trainer.resume" in run_cli(capsys, f"trainer.resume={tmp_path}")
+def test_resume_from_a_folder_that_is_not_a_checkpoint(ppo_train_error, tmp_path):
+    assert "trainer.resume" in ppo_train_error(f"trainer.resume={tmp_path}")
 
 
-def test_reward_module_that_fails_at_import(capsys, tmp_path, monkeypatch):
+def test_reward_module_that_fails_at_import(ppo_train_error, tmp_path, monkeypatch):
     (tmp_path / "broken_reward.py").write_text("import json\nCONFIG = json.loads('{not json')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    line = run_cli(capsys, "reward.fn=broken_reward:score")
+    line = ppo_train_error("reward.fn=broken_reward:score")
     assert "reward.fn" in line and "importing module 'broken_reward' failed: JSONDecodeError" in line
 
 
-def test_a_reward_signature_that_matches_none_stops_before_the_models(capsys, tmp_path):
+def test_a_reward_signature_that_matches_none_stops_before_the_models(ppo_train_error, tmp_path):
     (tmp_path / "batch_reward.py").write_text("def compute_score(data_sources, solution_strs, ground_truths):\n"
                                               "    return [0.0] * len(solution_strs)\n")
-    line = run_cli(capsys, f"reward.fn={tmp_path}/batch_reward.py:compute_score", "reward.num_workers=2")
+    line = ppo_train_error(f"reward.fn={tmp_path}/batch_reward.py:compute_score", "reward.num_workers=2")
     assert line.startswith(f"ppo-train: config error: 'reward.fn' is '{tmp_path}/batch_reward.py:compute_score' "
                            "(reward.batched=false), but its parameters (data_sources, solution_strs, ground_truths) "
                            "match no per-row signature (a batch function: set reward.batched=true); accepted: ")
 
 
-def test_format_score_for_a_reward_without_the_parameter_stops_before_the_models(capsys, tmp_path):
+def test_format_score_for_a_reward_without_the_parameter_stops_before_the_models(ppo_train_error, tmp_path):
     (tmp_path / "plain_reward.py").write_text("def reward(response, ground_truth):\n    return 0.0\n")
-    line = run_cli(capsys, "reward.fn=plain_reward.py:reward", "reward.format_score=0.1")
+    line = ppo_train_error("reward.fn=plain_reward.py:reward", "reward.format_score=0.1")
     assert (f"'reward.format_score' is 0.1, but reward.fn {tmp_path / 'plain_reward.py'}:reward has no 'format_score' "
             "parameter") in line  # the file as the run saves it: absolute
 
 
-def test_a_logger_that_is_not_installed(capsys, monkeypatch):
+def test_a_logger_that_is_not_installed(ppo_train_error, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    line = run_cli(capsys, "trainer.loggers=[console,wandb]")
+    line = ppo_train_error("trainer.loggers=[console,wandb]")
     assert "trainer.loggers has wandb" in line and "pip install wandb" in line
 
 
-def test_a_ray_address_where_nothing_answers(capsys):
+def test_a_ray_address_where_nothing_answers(ppo_train_error):
     import socket
 
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    line = run_cli(capsys, "devices.backend=ray", f"devices.ray.address=127.0.0.1:{port}")
+    line = ppo_train_error("devices.backend=ray", f"devices.ray.address=127.0.0.1:{port}")
     assert f"devices.ray.address=127.0.0.1:{port}: no Ray cluster answers there" in line and "ray start" in line
 
 
-def test_a_model_folder_without_a_tokenizer(capsys, tmp_path, tiny_model_dir):
+def test_a_model_folder_without_a_tokenizer(ppo_train_error, tmp_path, tiny_model_dir):
     import shutil
 
     bare = tmp_path / "bare"
@@ -233,19 +214,19 @@ def test_a_model_folder_without_a_tokenizer(capsys, tmp_path, tiny_model_dir):
     for name in bare.iterdir():
         if "token" in name.name or name.suffix in (".jinja", ".txt", ".model"):
             name.unlink()
-    line = run_cli(capsys, f"model.path={bare}")
+    line = ppo_train_error(f"model.path={bare}")
     assert f"model.path='{bare}': its tokenizer cannot be loaded" in line
 
 
-def test_a_previous_runs_config_that_cannot_be_read(capsys, tmp_path):
+def test_a_previous_runs_config_that_cannot_be_read(ppo_train_error, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text("model: [unclosed\n")
-    line = run_cli(capsys, f"trainer.output_dir={out}")
+    line = ppo_train_error(f"trainer.output_dir={out}")
     assert "config.yaml that cannot be read" in line and "trainer.resume=never" in line
 
 
-def test_a_checkpoints_config_that_cannot_be_read(capsys, tmp_path):
+def test_a_checkpoints_config_that_cannot_be_read(ppo_train_error, tmp_path):
     out = tmp_path / "run"
     state = out / "checkpoints" / "global_step_2" / "state"
     (state / "actor").mkdir(parents=True)
@@ -256,25 +237,25 @@ def test_a_checkpoints_config_that_cannot_be_read(capsys, tmp_path):
     torch.save({"torch": torch.get_rng_state()}, state / "rng.pt")
     (state / "config.yaml").write_text("\x00\x01 not yaml: [")
     (out / "checkpoints" / "latest").write_text("global_step_2\n")
-    assert "corrupt resume state" in run_cli(capsys, f"trainer.output_dir={out}")
+    assert "corrupt resume state" in ppo_train_error(f"trainer.output_dir={out}")
 
 
-def test_a_critic_started_from_a_model_with_another_vocabulary(capsys):
+def test_a_critic_started_from_a_model_with_another_vocabulary(ppo_train_error):
     """The tiny reward model numbers its characters otherwise than the tiny policy."""
-    line = run_cli(capsys, "critic.path=random:tiny-reward")
+    line = ppo_train_error("critic.path=random:tiny-reward")
     assert "critic.path='random:tiny-reward' has another vocabulary than model.path" in line
 
 
-def test_expandable_segments_with_a_sleeping_vllm(capsys, monkeypatch):
+def test_expandable_segments_with_a_sleeping_vllm(ppo_train_error, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    line = run_cli(capsys, "sampler=vllm", "devices.accelerator=cuda", "devices.colocate=true")
+    line = ppo_train_error("sampler=vllm", "devices.accelerator=cuda", "devices.colocate=true")
     assert "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True" in line and "devices.colocate=false" in line
 
 
 @pytest.mark.parametrize("dry_run", ["true", "false"])
-def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_and_a_real_run(capsys, dry_run):
+def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_and_a_real_run(ppo_train_error, dry_run):
     """Once the dry run accepted it and the Ray backend then failed with a traceback (issue 42)."""
-    line = run_cli(capsys, "sampler=vllm", "devices=multi_gpu", "sampler.vllm.tensor_parallel_size=2",
+    line = ppo_train_error("sampler=vllm", "devices=multi_gpu", "sampler.vllm.tensor_parallel_size=2",
                    f"trainer.dry_run={dry_run}")
     assert line == ("ppo-train: config error: 'sampler.vllm.tensor_parallel_size' is 2, but a rollout engine spanning "
                     "several devices (tensor parallelism) is not built: each rollout replica is one vLLM engine on one "
@@ -282,10 +263,10 @@ def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_and_a_r
                     "devices.rollout.num_devices replicas for throughput")
 
 
-def test_a_launcher_that_starts_one_copy_per_rank(capsys, monkeypatch):
+def test_a_launcher_that_starts_one_copy_per_rank(ppo_train_error, monkeypatch):
     """torchrun --nproc-per-node=2 ppo-train ...: without the check, each copy would be a run of its own."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    line = run_cli(capsys)
+    line = ppo_train_error()
     assert line.startswith("ppo-train: config error: WORLD_SIZE=2 and RANK=1 are set: a launcher (torchrun, a "
                            "Kubeflow PyTorchJob) started this command once per rank")

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from ppo_trainer.cli import train_main
 from ppo_trainer.config.schema import ArithmeticConfig, DataConfig, PPOConfig
 from ppo_trainer.data import DataError, load_prompts
 from ppo_trainer.data.datasets import json_value
@@ -66,38 +65,19 @@ def config(**reward: Any) -> Any:
 # --- through ppo-train: each stops with exit 2 and one line before any model loads
 
 
-@pytest.fixture
-def no_model_loading(monkeypatch, tmp_path):
-    def fail(*_args, **_kwargs):
-        raise AssertionError("a model was about to load: the error must come earlier")
-
-    monkeypatch.setattr("ppo_trainer.workers.group.build_groups", fail)
-    monkeypatch.chdir(tmp_path)
-
-
-def ppo_train_error(capsys, *args: str) -> str:
-    """Run ppo-train +experiment=smoke in-process; assert exit code 2 and one line on stderr; return it."""
-    with pytest.raises(SystemExit) as exit_info:
-        train_main(["+experiment=smoke", *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
-
-
-def test_ppo_train_refuses_a_verl_row_with_a_null_ground_truth_naming_file_and_line(capsys, tmp_path,
+def test_ppo_train_refuses_a_verl_row_with_a_null_ground_truth_naming_file_and_line(ppo_train_error, tmp_path,
                                                                                       no_model_loading):
     rows = write_jsonl(tmp_path / "train.jsonl", [verl_row(0, "1"), verl_row(1, None), verl_row(2, "3")])
-    line = ppo_train_error(capsys, f"data.train_files=[{rows}]")
+    line = ppo_train_error(f"data.train_files=[{rows}]")
     assert line == (f"ppo-train: input error: {rows}:2: 'reward_model.ground_truth' is null, but the reward "
                     "function (reward.fn, eval.reward_fn) reads it; fix the row or set data.bad_rows=skip to skip "
                     "malformed rows")
 
 
-def test_ppo_train_refuses_an_answer_with_nothing_after_the_marker_for_the_math_reward(capsys, tmp_path,
+def test_ppo_train_refuses_an_answer_with_nothing_after_the_marker_for_the_math_reward(ppo_train_error, tmp_path,
                                                                                           no_model_loading):
     rows = write_jsonl(tmp_path / "train.jsonl", [plain_row(0, "#### 1"), plain_row(1, "so the answer is #### ")])
-    line = ppo_train_error(capsys, f"data.train_files=[{rows}]")
+    line = ppo_train_error(f"data.train_files=[{rows}]")
     assert line == (f"ppo-train: input error: {rows}:2: reward.fn=ppo_trainer.rewards.math:score cannot read it: "
                     "ground truth 'so the answer is #### ' has nothing after '####'; fix the row or set "
                     "data.bad_rows=skip to skip malformed rows")

@@ -5,7 +5,6 @@ data, a validation function apart from training's reward, and smoke runs that tr
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -59,20 +58,13 @@ def test_running_normalisation_by_hand_and_across_a_resume():
 
 
 @pytest.fixture
-def served():
-    """ppo-serve-reward's server around a score function, on a free 127.0.0.1 port; yields a URL maker."""
-    servers = []
+def served(serve_on_loopback):
+    """ppo-serve-reward's server around a score function, on a free 127.0.0.1 port; returns a URL maker."""
 
     def start(score, token=None) -> str:
-        server = make_server(score, "127.0.0.1", 0, token)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/get_reward"
+        return serve_on_loopback(make_server(score, "127.0.0.1", 0, token))
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def test_ppo_serve_reward_serves_a_reward_function_with_extras_and_a_token(served, tmp_path, monkeypatch):

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
+from typing import Callable
 
 import pytest
 
@@ -33,9 +32,8 @@ def rows(n: int) -> list[RewardInput]:
 
 
 @pytest.fixture
-def answering() -> Iterator:
+def answering(serve_on_loopback) -> Callable[[str], str]:
     """A reward server on a free 127.0.0.1 port that answers every POST with the JSON text given."""
-    servers = []
 
     def start(body: str) -> str:
         class Handler(BaseHTTPRequestHandler):
@@ -51,15 +49,9 @@ def answering() -> Iterator:
             def log_message(self, *args):
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/get_reward"
+        return serve_on_loopback(ThreadingHTTPServer(("127.0.0.1", 0), Handler))
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 class RawClient:

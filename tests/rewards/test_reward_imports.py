@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from ppo_trainer.cli import train_main
 from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.rewards.calling import Calling, Failure, RewardError, RewardInput, call, import_reward
 from ppo_trainer.rewards.scoring import build_scorer
@@ -52,39 +51,20 @@ def test_import_reward_turns_sys_exit_in_a_module_or_file_into_an_import_error(t
         import_reward(f"{path}:score")
 
 
-@pytest.fixture
-def no_model_loading(monkeypatch, tmp_path):
-    def fail(*_args, **_kwargs):
-        raise AssertionError("a model was about to load: the error must come earlier")
-
-    monkeypatch.setattr("ppo_trainer.workers.group.build_groups", fail)
-    monkeypatch.chdir(tmp_path)
-
-
-def ppo_train_error(capsys, *args: str) -> str:
-    """Run ppo-train +experiment=smoke in-process; assert exit code 2 and one line on stderr; return it."""
-    with pytest.raises(SystemExit) as exit_info:
-        train_main(["+experiment=smoke", *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
-
-
-def test_ppo_train_stops_with_exit_2_naming_reward_fn_when_its_module_calls_sys_exit(capsys, tmp_path,
+def test_ppo_train_stops_with_exit_2_naming_reward_fn_when_its_module_calls_sys_exit(ppo_train_error, tmp_path,
                                                                                        no_model_loading):
     path = tmp_path / "exiting.py"
     path.write_text(EXITING)
-    line = ppo_train_error(capsys, f"reward.fn={path}:score")
+    line = ppo_train_error(f"reward.fn={path}:score")
     assert line == (f"ppo-train: config error: 'reward.fn' is '{path}:score', but executing {path} failed: "
                     "SystemExit (code 0); fix the file")
 
 
-def test_ppo_train_stops_with_exit_2_naming_reward_fn_when_it_exits_in_the_reward_workers(capsys, tmp_path,
+def test_ppo_train_stops_with_exit_2_naming_reward_fn_when_it_exits_in_the_reward_workers(ppo_train_error, tmp_path,
                                                                                              no_model_loading):
     path = tmp_path / "exiting_in_workers.py"
     path.write_text(exiting_in_workers(os.getpid()))
-    line = ppo_train_error(capsys, f"reward.fn={path}:score", "reward.num_workers=1")
+    line = ppo_train_error(f"reward.fn={path}:score", "reward.num_workers=1")
     assert line == (f"ppo-train: config error: 'reward.fn' is '{path}:score', but a reward worker could not load it: "
                     f"ImportError: executing {path} failed: SystemExit (code 0); fix the file")
 

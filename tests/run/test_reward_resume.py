@@ -10,10 +10,9 @@ import logging
 import math
 import os
 import signal
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
@@ -43,9 +42,8 @@ def lengths(body: dict) -> list[float]:
 
 
 @pytest.fixture
-def reward_server() -> Iterator[Callable[[Callable[[int, dict], str]], str]]:
+def reward_server(serve_on_loopback) -> Callable[[Callable[[int, dict], str]], str]:
     """Starts servers on free 127.0.0.1 ports; `answer(n, body)` gives the JSON text of the n-th POST (1, 2, ...)."""
-    servers = []
 
     def start(answer: Callable[[int, dict], str]) -> str:
         posts = []
@@ -69,15 +67,9 @@ def reward_server() -> Iterator[Callable[[Callable[[int, dict], str]], str]]:
             def log_message(self, *args):
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/get_reward"
+        return serve_on_loopback(ThreadingHTTPServer(("127.0.0.1", 0), Handler))
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def finite_everywhere(records: dict[int, dict]) -> bool:
