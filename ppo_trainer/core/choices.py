@@ -6,3 +6,5 @@ KL_KINDS = ("k1", "abs", "k2", "k3")  # gae.kl_penalty, algorithm.kl_loss_type
 KL_CTRLS = ("fixed", "adaptive")  # gae.kl_ctrl
 LAM_MODES = ("fixed", "adaptive")  # gae.lam_mode
 ROLLOUT_CORRECTIONS = ("none", "tis", "mis")  # algorithm.rollout_correction
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")  # algorithm.adv_estimator; all but gae are critic-free
+GROUP_ESTIMATORS = ("grpo", "rloo")  # the estimators that compare a prompt's samples: they need sampler.n >= 2

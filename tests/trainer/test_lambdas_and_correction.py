@@ -27,8 +27,8 @@ def gae_of(step: int, *overrides: str):
     rewards = torch.randn(6, 60, generator=gen) * mask
     batch = Batch(input_ids=torch.zeros(6, 61, dtype=torch.long), attention_mask=torch.ones(6, 61),
                   position_ids=torch.zeros(6, 61), response_mask=mask, values=torch.randn(6, 60, generator=gen) * mask)
-    out = core_advantages.compute(torch.zeros(6), torch.zeros(6, 60), rewards, batch.values, mask, cfg.gae, kl_coef=1.0,
-                                  step=step, critic_warmup=cfg.algorithm.critic_warmup)
+    out = core_advantages.compute(torch.zeros(6), torch.zeros(6, 60), rewards, batch.values, mask, cfg.gae,
+                                  cfg.algorithm, kl_coef=1.0, step=step, group_size=cfg.sampler.n)
     metrics = {k: v for k, v in out.metrics.items() if "warmup" in k}
     return cfg, rewards, batch, out.advantages, out.returns, metrics
 
