@@ -52,10 +52,12 @@ class Batch:
     | old_logprobs    | [B, T]    | the actor's logprobs before this step's update                 |
     | ref_logprobs    | [B, T]    | the reference policy's logprobs                                |
     | rollout_weights | [B, T]    | rollout correction weights on the policy loss (None: off)      |
-    | values          | [B, T]    | V(s_t): the critic's value of the state before token t         |
+    | values          | [B, T]    | V(s_t): the critic's value of the state before token t; None   |
+    |                 |           | for a critic-free algorithm.adv_estimator                      |
     | scores          | [B]       | each response's score, less the length shaping (reward.*)       |
-    | advantages      | [B, T]    | GAE advantages (whitened if gae.normalize_advantages)          |
-    | returns         | [B, T]    | advantages + values before whitening: the critic's targets     |
+    | advantages      | [B, T]    | algorithm.adv_estimator's (gae: GAE's, whitened if             |
+    |                 |           | gae.normalize_advantages)                                      |
+    | returns         | [B, T]    | gae: the advantages before whitening + values: critic targets  |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
     | positive        | [B]       | True on the responses the positive-example LM loss imitates    |
 

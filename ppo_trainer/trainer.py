@@ -54,7 +54,7 @@ from ppo_trainer.run import checkpoint, resume, trainer_state
 from ppo_trainer.run import folder as run_folder
 from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
-from ppo_trainer.workers.group import WorkerGroup
+from ppo_trainer.workers.group import WorkerGroup, device_count
 from ppo_trainer.workers.roles import Worker, WorkerError
 
 log = logging.getLogger("ppo_trainer")
@@ -85,7 +85,7 @@ class Trainer:
                  scorers: Optional[tuple[CombinedScorer, Scorer]] = None):
         self.cfg = cfg
         self.groups = groups
-        self.actor, self.critic, self.rollout = groups["actor"], groups["critic"], groups["rollout"]
+        self.actor, self.critic, self.rollout = groups["actor"], groups.get("critic"), groups["rollout"]
         self.pad_id = pad_id
         self.val_records = val_records
         self.output_dir = Path(cfg.trainer.output_dir)
@@ -258,24 +258,26 @@ class Trainer:
                 with timer("ref"):
                     ref = self.actor.run_split(ActorEngine.compute_ref_logprobs, batch)
                     batch = batch.with_fields(ref_logprobs=ref)
-            with timer("values"):
-                if step == 1 and cfg.critic.value_head_init == "regression":  # before the critic's first values
-                    mc = advantages.monte_carlo_returns(batch.scores, batch.old_logprobs, batch.ref_logprobs,
-                                                        batch.response_mask, cfg.gae, kl_coef=self.reward_kl_coef)
-                    metrics.update(self.critic.run_all(CriticEngine.fit_value_head, batch.with_fields(returns=mc))[0])
-                values = self.critic.run_split(CriticEngine.compute_values, batch)
-                batch = batch.with_fields(values=values)
+            if self.critic is not None:  # a critic-free algorithm.adv_estimator builds none
+                with timer("values"):
+                    if step == 1 and cfg.critic.value_head_init == "regression":  # before the critic's first values
+                        mc = advantages.monte_carlo_returns(batch.scores, batch.old_logprobs, batch.ref_logprobs,
+                                                            batch.response_mask, cfg.gae, kl_coef=self.reward_kl_coef)
+                        fit = self.critic.run_all(CriticEngine.fit_value_head, batch.with_fields(returns=mc))[0]
+                        metrics.update(fit)
+                    batch = batch.with_fields(values=self.critic.run_split(CriticEngine.compute_values, batch))
             with timer("adv"):
                 batch, adv_metrics = self.compute_advantages(batch, step)
                 metrics.update(adv_metrics)
-            with timer("update_critic"):
-                metrics.update(self.guard_nonfinite("critic", self.critic.run_all(CriticEngine.update, batch)[0]))
+            if self.critic is not None:
+                with timer("update_critic"):
+                    metrics.update(self.guard_nonfinite("critic", self.critic.run_all(CriticEngine.update, batch)[0]))
             if not self.critic_warmup.active(step):
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all(ActorEngine.update, batch)[0]))
                 with timer("sync"):
                     metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
-            self.critic_warmup.observe(step, metrics["critic/vf_explained_var"])
+            self.critic_warmup.observe(step, metrics.get("critic/vf_explained_var"))  # critic-free: no warm-up
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)
@@ -306,8 +308,8 @@ class Trainer:
         require_finite_scores(batch.scores.tolist())
         kl_coef = self.reward_kl_coef
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
-                                 batch.response_mask, self.cfg.gae, kl_coef=kl_coef,
-                                 warming_up=self.critic_warmup.active(step),
+                                 batch.response_mask, self.cfg.gae, self.cfg.algorithm, kl_coef=kl_coef,
+                                 group_size=self.cfg.sampler.n, warming_up=self.critic_warmup.active(step),
                                  warmup_phase=self.critic_warmup.metric_phase(step))
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
@@ -330,7 +332,7 @@ class Trainer:
         signal stops at once. On shared accelerators the trainers first return their cached memory,
         which the waking engine needs (sleep mode is off on CPUs)."""
         if self.cfg.devices.colocate and self.cfg.devices.accelerator != "cpu":
-            for group in (self.actor, self.critic):
+            for group in (g for g in (self.actor, self.critic) if g is not None):
                 group.run_all(Worker.release_memory)
         self.rollout.run_all(Sampler.wake)
         try:
@@ -355,7 +357,7 @@ class Trainer:
     def perf_metrics(self, batch: Batch, seconds: float) -> dict[str, float]:
         """Tokens per second per device, and each role's peak memory this step from its workers
         (`Worker.peak_memory_gb`: the accelerator allocator's, else the process's resident set)."""
-        devices = len(self.actor) + (0 if self.cfg.devices.colocate else len(self.critic) + len(self.rollout))
+        devices = device_count(self.groups, self.cfg.devices.colocate)
         tokens = batch.attention_mask.sum().item()
         peaks = {role: max(group.run_all(Worker.peak_memory_gb, reset=True)) for role, group in self.groups.items()}
         return {"perf/throughput": tokens / seconds / devices, "perf/max_memory_allocated_gb": max(peaks.values()),
@@ -397,7 +399,7 @@ class Trainer:
 
             disconnect()
             return
-        for group in (self.rollout, self.critic, self.actor):
+        for group in (g for g in (self.rollout, self.critic, self.actor) if g is not None):
             group.shutdown()
 
 

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ppo_trainer.config.overrides import check_overrides, normalize_overrides, sweep_file
-from ppo_trainer.config.schema import CONFIG_DIR, CONFIG_NAME, MOVED_KEYS, ConfigError
+from ppo_trainer.config.schema import ADDED_KEYS, CONFIG_DIR, CONFIG_NAME, MOVED_KEYS, ConfigError
 from ppo_trainer.config.validation import validate_static
 
 log = logging.getLogger("ppo_trainer")
@@ -82,12 +82,16 @@ _REPORTED: set[Path] = set()  # saved configs whose moved keys were printed: ppo
 
 def load_saved(path: Path) -> Any:
     """The config a run saved (its config.yaml, a checkpoint's state/config.yaml) with each key that
-    has moved since (`MOVED_KEYS`) at its new place, and one line saying so: an older run folder
-    resumes with no spurious change and evaluates. The one reader of saved configs; what OmegaConf
-    raises on an unreadable file, and a file that holds no mapping, are the caller's to report."""
+    has moved since (`MOVED_KEYS`) at its new place, and one line saying so, and each key added since
+    (`ADDED_KEYS`) at the value the run had: an older run folder resumes with no spurious change and
+    evaluates. The one reader of saved configs; what OmegaConf raises on an unreadable file, and a
+    file that holds no mapping, are the caller's to report."""
     config = OmegaConf.load(path)
     if not isinstance(config, DictConfig):
         return config
+    for key, value in ADDED_KEYS.items():
+        if OmegaConf.select(config, key, default=_ABSENT) is _ABSENT:
+            OmegaConf.update(config, key, value)
     moved = [(old, new) for old, new in MOVED_KEYS.items()
              if OmegaConf.select(config, old, default=_ABSENT) is not _ABSENT]
     for old, new in moved:

@@ -1,6 +1,6 @@
 """What a config implies without spelling it: where the KL penalty goes, whether the run needs the
-reference model or the data's answers, and the batch arithmetic of a PPO step (prompts to sequences,
-mini-batches and optimizer steps). The one place each is decided."""
+reference model, a critic or the data's answers, and the batch arithmetic of a PPO step (prompts to
+sequences, mini-batches and optimizer steps). The one place each is decided."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ def uses_ground_truth(cfg: DictConfig) -> bool:
 def uses_reference(cfg: DictConfig) -> bool:
     """Whether the run builds the reference policy: for a KL in the reward or in the loss."""
     return kl_in_reward(cfg) or cfg.algorithm.use_kl_loss
+
+
+def uses_critic(cfg: DictConfig) -> bool:
+    """Whether the run builds a critic: GAE needs its values; every other algorithm.adv_estimator is
+    critic-free (no critic role, phases, checkpoint part or metrics)."""
+    return cfg.algorithm.adv_estimator == "gae"
+
+
+def trained_roles(cfg: DictConfig) -> tuple[str, ...]:
+    """The roles whose weights the run trains and checkpoints: the actor, and the critic where it is built."""
+    return ("actor", "critic") if uses_critic(cfg) else ("actor",)
 
 
 def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:

@@ -6,16 +6,22 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from ppo_trainer.config.derived import uses_critic
+
 ALWAYS = (
-    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean", "critic/values/mean",
-    "critic/vf_explained_var", "critic/vf_error/early", "critic/vf_error/middle", "critic/vf_error/late",
-    "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
-    "critic/skipped_steps", "actor/reward_kl_penalty", "actor/kl_coef", "actor/pg_loss", "actor/pg_clipfrac",
+    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
+    "actor/reward_kl_penalty", "actor/kl_coef", "actor/pg_loss", "actor/pg_clipfrac",
     "actor/ppo_kl", "actor/grad_norm", "actor/lr", "actor/skipped_steps", "response_length/mean",
-    "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob", "timing_s/values",
-    "timing_s/adv", "timing_s/update_critic", "timing_s/update_actor", "timing_s/sync", "timing_s/step",
+    "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob",
+    "timing_s/adv", "timing_s/update_actor", "timing_s/sync", "timing_s/step",
     "perf/throughput", "perf/max_memory_allocated_gb", "perf/actor/max_memory_allocated_gb",
-    "perf/critic/max_memory_allocated_gb", "perf/rollout/max_memory_allocated_gb", "perf/sync_bytes", "val/accuracy", "val/score/mean",
+    "perf/rollout/max_memory_allocated_gb", "perf/sync_bytes", "val/accuracy", "val/score/mean",
+)
+# The critic's (algorithm.adv_estimator=gae): a critic-free run logs none of them.
+CRITIC = (
+    "critic/values/mean", "critic/vf_explained_var", "critic/vf_error/early", "critic/vf_error/middle",
+    "critic/vf_error/late", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
+    "critic/skipped_steps", "timing_s/values", "timing_s/update_critic", "perf/critic/max_memory_allocated_gb",
 )
 # Names that depend on the data or the reward: validation per data_source, a reward's named extras.
 PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?accuracy/(mean|pass)@\d+"),
@@ -26,7 +32,7 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
     """Every fixed metric name a run of `cfg` logs at some step (`uses_reference`: the config's
     reference policy is built, `derived_settings.uses_reference`)."""
     a = cfg.algorithm
-    names = set(ALWAYS)
+    names = set(ALWAYS) | (set(CRITIC) if uses_critic(cfg) else set())
     if uses_reference:
         names.add("timing_s/ref")
     if a.recompute_old_logprobs:
@@ -42,7 +48,7 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names |= {"critic/warmup_vf_explained_var_before", "critic/warmup_vf_explained_var_after"}
     if a.positive_lm_loss_coef > 0:
         names.add("actor/positive_lm_loss")
-    if cfg.critic.value_head_init == "regression":
+    if uses_critic(cfg) and cfg.critic.value_head_init == "regression":
         names |= {"critic/value_head_fit/ridge", "critic/value_head_fit/cv_explained_var"}
     r = cfg.reward
     if r.on_error == "zero":

@@ -180,7 +180,9 @@ class GaeConfig:  # advantages and returns (GAE) and the KL penalty in the rewar
     kl_ctrl: str = field(default="fixed", metadata=choice(*choices.KL_CTRLS))  # the KL coefficient's controller
     kl_target: float = field(default=6.0, metadata=above(0))  # adaptive controller: target KL per sequence
     kl_horizon: int = field(default=10000, metadata=above(0))  # adaptive controller: horizon in sequences
-    normalize_advantages: bool = True  # whiten the advantages over the batch's response tokens
+    # whiten the advantages over the batch's response tokens; GAE's only (algorithm.adv_estimator=gae): the
+    # critic-free estimators own their normalisation (docs/learning.md#estimators)
+    normalize_advantages: bool = True
     # normalize_advantages also divides by the std; false: subtracts the mean only (OpenRLHF's
     # --algo.advantage.no_std_norm), and needs normalize_advantages=true
     advantage_std_scale: bool = True
@@ -188,6 +190,11 @@ class GaeConfig:  # advantages and returns (GAE) and the KL penalty in the rewar
 
 @dataclass
 class AlgorithmConfig:  # the PPO update: epochs, mini-batches, clipping, loss terms
+    # the advantages (verl's name): gae (the critic's values, the gae section), or critic-free, which builds no
+    # critic: grpo, rloo (a prompt's sampler.n >= 2 samples against each other), reinforce_plus_plus
+    adv_estimator: str = field(default="gae", metadata=choice(*choices.ADV_ESTIMATORS))
+    # grpo: divide by the group's std (verl's name); false: subtract the group's mean only (Dr. GRPO)
+    norm_adv_by_std_in_grpo: bool = True
     ppo_epochs: int = field(default=1, metadata=at_least(1))  # passes over each step's rollouts
     ppo_mini_batch_size: int = field(default=8, metadata=at_least(1))  # prompts per mini-batch (x sampler.n sequences)
     ppo_micro_batch_tokens: int = 4096  # tokens of one forward/backward per device (a shared prompt counts once)
@@ -481,6 +488,10 @@ def schema_rules(schema: type = PPOConfig, prefix: str = "") -> dict[str, tuple[
 # refused naming its new place (overrides.unknown_key_error); a saved config is read with the keys at
 # their new places (composition.load_saved), so an older run folder resumes and evaluates.
 MOVED_KEYS = {f"critic.{f.name}": f"critic.optim.{f.name}" for f in fields(OptimConfig)}
+# Keys added since older runs saved their configs, with the value those runs trained with: a saved config
+# without one is read with it (composition.load_saved), so that a resume sees no change where there was none
+# (a run from before algorithm.adv_estimator trained GAE with its critic).
+ADDED_KEYS = {"algorithm.adv_estimator": "gae"}
 
 
 # ppo_trainer/config/yaml_tree/ in an installed wheel (package data), configs/ at the root of a checkout.

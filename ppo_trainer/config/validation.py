@@ -11,7 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ppo_trainer.config import metric_names
-from ppo_trainer.config.derived import batch_arithmetic, kl_in_reward, uses_reference
+from ppo_trainer.config.derived import batch_arithmetic, kl_in_reward, trained_roles, uses_critic, uses_reference
 from ppo_trainer.config.overrides import check_key, unknown_key_error
 from ppo_trainer.config.schema import (
     ARITHMETIC_OPERATIONS,
@@ -23,6 +23,7 @@ from ppo_trainer.config.schema import (
     schema_rules,
 )
 from ppo_trainer.config.secrets import has_credentials, redact_url
+from ppo_trainer.core.choices import GROUP_ESTIMATORS
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -125,11 +126,13 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              f"sampler.max_new_tokens = {seq_tokens}")
     _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
              f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
-    for role in ("actor", "critic"):
+    for role in trained_roles(cfg):
         replicas = dev[role].num_devices
         _require(sizes["sequences_per_mini_batch"] >= replicas, f"devices.{role}.num_devices",
                  f"({replicas}) exceeds the sequences per mini-batch ({sizes['sequences_per_mini_batch']} = "
                  "algorithm.ppo_mini_batch_size x sampler.n): every replica needs at least one")
+
+    _estimator_checks(cfg)
 
     if g.kl_ctrl == "adaptive":  # the controller multiplies the coefficient: from 0 it never moves
         _require(g.kl_coef > 0, "gae.kl_coef", "must be > 0 with gae.kl_ctrl=adaptive (the controller scales it)")
@@ -170,7 +173,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _reward_checks(cfg)
 
     if dev.backend == "local":
-        for role in ("actor", "critic", "rollout", "reward_model"):
+        for role in (*trained_roles(cfg), "rollout", "reward_model"):
             _require(dev[role].num_devices == 1, f"devices.{role}.num_devices",
                      f"is {dev[role].num_devices}, but devices.backend=local runs one process on one device; "
                      "use devices.backend=ray for more")
@@ -184,6 +187,23 @@ def url_credentials_error(url: str) -> ConfigError:
                        "does not send and which would show wherever the URL is printed or saved; remove them and "
                        "give the server's token with reward.remote.token=... or $PPO_REWARD_TOKEN (sent as "
                        "'Authorization: Bearer <token>')")
+
+
+def _estimator_checks(cfg: DictConfig) -> None:
+    """algorithm.adv_estimator against the keys it needs or makes meaningless: groups of samples
+    for grpo and rloo; no critic to start from a path or to warm up for a critic-free one."""
+    a, estimator = cfg.algorithm, cfg.algorithm.adv_estimator
+    _require(estimator not in GROUP_ESTIMATORS or cfg.sampler.n >= 2, "sampler.n",
+             f"is {cfg.sampler.n}, but algorithm.adv_estimator={estimator} compares each sample with the other "
+             "samples of its prompt; set sampler.n >= 2, or algorithm.adv_estimator=gae or reinforce_plus_plus")
+    if uses_critic(cfg):
+        return
+    _require(a.critic_warmup == 0, "algorithm.critic_warmup",
+             f"is {a.critic_warmup}, but algorithm.adv_estimator={estimator} is critic-free: there is no critic to "
+             "warm up; set algorithm.critic_warmup=0, or algorithm.adv_estimator=gae")
+    _require(cfg.critic.path is None, "critic.path",
+             f"is set, but algorithm.adv_estimator={estimator} is critic-free and builds no critic; remove "
+             "critic.path, or set algorithm.adv_estimator=gae")
 
 
 def _arithmetic_checks(ar: DictConfig) -> None:

@@ -1,4 +1,6 @@
-"""One PPO step's advantages: token rewards, GAE with one lambda per learner, whitening, metrics."""
+"""One PPO step's advantages: token rewards, then the estimator of ``algorithm.adv_estimator`` (the
+switch: `compute`): GAE with one lambda per learner and whitening, or a critic-free estimator
+(``core.estimators``); metrics."""
 
 from __future__ import annotations
 
@@ -6,14 +8,15 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+from ppo_trainer.core.estimators import grpo_advantages, reinforce_plus_plus_advantages, rloo_advantages
 from ppo_trainer.core.gae import adaptive_lambda, compute_gae, token_rewards
 from ppo_trainer.core.masked import masked_center, masked_mean, masked_whiten
 from ppo_trainer.core.metrics import explained_variance, value_error_by_third
 
 
 class Advantages(NamedTuple):
-    advantages: torch.Tensor  # [B, T], after ``normalize`` (gae.normalize_advantages, advantage_std_scale)
-    returns: torch.Tensor  # [B, T], the critic's targets (never whitened)
+    advantages: torch.Tensor  # [B, T]; gae: after ``normalize`` (gae.normalize_advantages, advantage_std_scale)
+    returns: torch.Tensor  # [B, T]; gae: the critic's targets (never whitened); the others: see `critic_free`
     sequence_kl: float  # mean over sequences of the summed per-token KL: what the KL controller sees
     metrics: dict[str, float]
 
@@ -43,38 +46,71 @@ def normalize(advantages: torch.Tensor, response_mask: torch.Tensor, gae: Any) -
     return masked_center(advantages, response_mask)
 
 
-@torch.no_grad()
-def compute(
-    scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor], values: torch.Tensor,
-    response_mask: torch.Tensor, gae: Any, *, kl_coef: float, warming_up: bool = False,
-    warmup_phase: Optional[str] = None,
-) -> Advantages:
-    """Token rewards (``ref_logprobs=None``: no KL), GAE with ``lambdas``, ``normalize``;
-    ``gae``: the ``gae`` config section. ``warmup_phase`` ("before" at step 1, "after" at the first
-    step past the warm-up: `CriticWarmup.metric_phase`) adds critic/warmup_vf_explained_var_<phase>,
-    the critic measured on Monte Carlo returns.
-    """
+def critic_free(estimator: str, rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float, group_size: int,
+                norm_by_std: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) [B, T] of a critic-free ``estimator`` (``core.estimators``), each with its
+    own normalisation. grpo's and rloo's returns are their advantages, as verl logs them;
+    reinforce_plus_plus's are its discounted returns, before whitening."""
+    if estimator == "reinforce_plus_plus":
+        return reinforce_plus_plus_advantages(rewards, response_mask, gamma)
+    if estimator == "grpo":
+        advantages = grpo_advantages(rewards, response_mask, group_size, norm_by_std)
+    elif estimator == "rloo":
+        advantages = rloo_advantages(rewards, response_mask, group_size)
+    else:
+        raise ValueError(f"algorithm.adv_estimator={estimator!r} is not a critic-free estimator")
+    return advantages, advantages
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gae: Any,
+                   warming_up: bool, warmup_phase: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """(advantages, returns, the critic's metrics): GAE with ``lambdas``, ``normalize``.
+    ``warmup_phase`` ("before" at step 1, "after" at the first step past the warm-up:
+    `CriticWarmup.metric_phase`) adds critic/warmup_vf_explained_var_<phase>, the critic measured on
+    Monte Carlo returns."""
     mask = response_mask
-    rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)
     lam, critic_lam = lambdas(mask, gae, warming_up)
     advantages, returns = compute_gae(rewards, values, mask, gae.gamma, lam)
     if gae.lam_mode == "adaptive" or critic_lam != lam:
         returns = compute_gae(rewards, values, mask, gae.gamma, critic_lam)[1]
-    advantages = normalize(advantages, mask, gae)
+    metrics = {"critic/values/mean": masked_mean(values, mask).item(),
+               "critic/vf_explained_var": explained_variance(values, returns, mask).item(),
+               **value_error_by_third(values, returns, mask)}
+    if warmup_phase is not None:
+        monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, values, mask, gae.gamma, 1.0)[1]
+        metrics[f"critic/warmup_vf_explained_var_{warmup_phase}"] = explained_variance(values, monte_carlo, mask).item()
+    return normalize(advantages, mask, gae), returns, metrics
+
+
+@torch.no_grad()
+def compute(
+    scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor],
+    values: Optional[torch.Tensor], response_mask: torch.Tensor, gae: Any, algorithm: Any, *, kl_coef: float,
+    group_size: int, warming_up: bool = False, warmup_phase: Optional[str] = None,
+) -> Advantages:
+    """Token rewards (``ref_logprobs=None``: no KL), then the advantages of
+    ``algorithm.adv_estimator``: ``gae`` (`gae_advantages`, from the critic's ``values``; the warm-up's
+    state as `gae_advantages` takes it) or a critic-free one (`critic_free`; ``values`` None).
+    ``gae``, ``algorithm``: those config sections; ``group_size``: sampler.n, the adjacent rows of
+    one prompt.
+    """
+    mask = response_mask
+    rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)
+    if algorithm.adv_estimator == "gae":
+        advantages, returns, critic_metrics = gae_advantages(rewards, values, mask, gae, warming_up, warmup_phase)
+    else:
+        advantages, returns = critic_free(algorithm.adv_estimator, rewards, mask, gae.gamma, group_size,
+                                          algorithm.norm_adv_by_std_in_grpo)
+        critic_metrics = {}
     metrics = {
         "critic/score/mean": scores.mean().item(),
         "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),
         "critic/advantages/mean": masked_mean(advantages, mask).item(),
         "critic/returns/mean": masked_mean(returns, mask).item(),
-        "critic/values/mean": masked_mean(values, mask).item(),
-        "critic/vf_explained_var": explained_variance(values, returns, mask).item(),
-        **value_error_by_third(values, returns, mask),
+        **critic_metrics,
         "actor/reward_kl_penalty": masked_mean(kl, mask).item(),
         "actor/kl_coef": kl_coef,
     }
-    if warmup_phase is not None:
-        monte_carlo = returns if critic_lam == 1.0 else compute_gae(rewards, values, mask, gae.gamma, 1.0)[1]
-        metrics[f"critic/warmup_vf_explained_var_{warmup_phase}"] = explained_variance(values, monte_carlo, mask).item()
     return Advantages(advantages, returns, (kl * mask).sum(dim=1).mean().item(), metrics)
 
 

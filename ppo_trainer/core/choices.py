@@ -8,3 +8,5 @@ LAM_MODES = ("fixed", "adaptive")  # gae.lam_mode
 ROLLOUT_CORRECTIONS = ("none", "tis", "mis")  # algorithm.rollout_correction
 POSITIVE_EXAMPLES = ("correct", "group_best")  # algorithm.positive_lm_examples
 VALUE_HEAD_INITS = ("loaded", "regression")  # critic.value_head_init
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")  # algorithm.adv_estimator; all but gae are critic-free
+GROUP_ESTIMATORS = ("grpo", "rloo")  # the estimators that compare a prompt's samples: they need sampler.n >= 2

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config.derived import batch_arithmetic, critic_epochs, kl_in_reward, uses_reference
+from ppo_trainer.config.derived import batch_arithmetic, critic_epochs, kl_in_reward, uses_critic, uses_reference
 from ppo_trainer.config.secrets import mask_secrets, redact_url
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.dtypes import auto_dtype
@@ -34,8 +34,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"steps: {cfg.trainer.total_steps}    seed: {cfg.trainer.seed}",
         f"actor:     {m.path} ({lora}, lr {m.optim.lr})",
         f"reference: {reference}",
-        f"critic:    {cfg.critic.path or m.path} (full-parameter, lr {cfg.critic.optim.lr}, value_clip {cfg.critic.value_clip}, "
-        f"{critic_epochs(cfg)} epoch(s) per step, value head from {critic_head(cfg)})",
+        f"critic:    {critic_summary(cfg)}",
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
         f"dtypes:    {dtype_summary(cfg)}",
         f"reward:    {reward_summary(cfg)}",
@@ -53,23 +52,20 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
 
 
 def algorithm_lines(cfg: DictConfig) -> list[str]:
-    """The KL terms, the lambdas of the two learners and the rollout correction, as the run uses them."""
-    g, a, in_reward = cfg.gae, cfg.algorithm, kl_in_reward(cfg)
+    """The KL terms, the advantages (`advantage_line`) and the rollout correction, as the run uses them."""
+    a, in_reward = cfg.algorithm, kl_in_reward(cfg)
     routes = {(True, False): "reward", (False, True): "loss", (True, True): "both"}  # (in the reward, in the loss)
     route = routes.get((in_reward, a.use_kl_loss), "nowhere")
     kl_keys = ["gae.kl_coef"] if in_reward else []
     if a.use_kl_loss:
         kl_keys.append(f"algorithm.kl_loss_coef={a.kl_loss_coef}, {a.kl_loss_type}")
-    policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
-    critic = str(g.lam if g.critic_lam is None else g.critic_lam)
-    if a.critic_warmup:
-        critic += " (1.0 in the critic warm-up)"
     correction = {"none": "none", "tis": f"tis, weights capped at {a.rollout_correction_cap}",
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
-    lines = [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""),
-             f"lambda:    policy advantages {policy}, critic returns {critic}",
-             f"rollout correction: {correction}", f"critic warm-up: {warmup_summary(a)}"]
+    lines = [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""), advantage_line(cfg),
+             f"rollout correction: {correction}"]
+    if uses_critic(cfg):
+        lines.append(f"critic warm-up: {warmup_summary(a)}")
     if a.positive_lm_loss_coef > 0:
         examples = ("score >= reward.correct_score" if a.positive_lm_examples == "correct"
                     else "the best of each prompt's group")
@@ -85,6 +81,35 @@ def warmup_summary(a: DictConfig) -> str:
         return f"{a.critic_warmup} steps (only the critic updates, on Monte Carlo returns)"
     return (f"up to {a.critic_warmup} steps, ending once critic/vf_explained_var >= {a.critic_warmup_explained_var} "
             "(only the critic updates, on Monte Carlo returns)")
+
+
+def advantage_line(cfg: DictConfig) -> str:
+    """GAE's lambdas (the policy's and the critic's), or what a critic-free estimator computes."""
+    g, a, n = cfg.gae, cfg.algorithm, cfg.sampler.n
+    if uses_critic(cfg):
+        policy = f"1 - 1/({g.adaptive_alpha} x length) per sequence" if g.lam_mode == "adaptive" else str(g.lam)
+        critic = str(g.lam if g.critic_lam is None else g.critic_lam)
+        if a.critic_warmup:
+            critic += " (1.0 in the critic warm-up)"
+        return f"lambda:    policy advantages {policy}, critic returns {critic}"
+    what = {"grpo": f"a response's summed token rewards minus the mean of its prompt's {n} samples, "
+                    + ("divided by their std" if a.norm_adv_by_std_in_grpo else
+                       "not divided by their std (algorithm.norm_adv_by_std_in_grpo=false)"),
+            "rloo": f"a response's summed token rewards minus the mean of its prompt's {n - 1} other samples",
+            "reinforce_plus_plus": f"discounted returns of the token rewards (gae.gamma={g.gamma}), whitened "
+                                   "over the step's response tokens"}[a.adv_estimator]
+    return (f"advantages: {a.adv_estimator}: {what}; gae.lam, gae.critic_lam, gae.lam_mode and "
+            "gae.normalize_advantages are GAE's and not used")
+
+
+def critic_summary(cfg: DictConfig) -> str:
+    """The critic's model, learning rate, value clip and value head, or why the run builds none."""
+    if not uses_critic(cfg):
+        return (f"none (algorithm.adv_estimator={cfg.algorithm.adv_estimator} is critic-free: the critic.* keys "
+                "and devices.critic are not used)")
+    c = cfg.critic
+    return (f"{c.path or cfg.model.path} (full-parameter, lr {c.optim.lr}, value_clip {c.value_clip}, "
+            f"{critic_epochs(cfg)} epoch(s) per step, value head from {critic_head(cfg)})")
 
 
 def critic_head(cfg: DictConfig) -> str:
@@ -117,9 +142,10 @@ def reward_summary(cfg: DictConfig) -> str:
 
 
 def dtype_summary(cfg: DictConfig) -> str:
-    """The compute dtypes of actor and rollout and of the critic, with why `auto` chose each."""
+    """The compute dtypes of actor and rollout and of the critic (where built), with why `auto` chose each."""
     chosen, why = auto_dtype(detect(cfg.devices.accelerator).torch_device_type)
-    roles = (("actor and rollout", "model.dtype", cfg.model.dtype), ("critic", "critic.dtype", cfg.critic.dtype))
+    roles = (("actor and rollout", "model.dtype", cfg.model.dtype),
+             *((("critic", "critic.dtype", cfg.critic.dtype),) if uses_critic(cfg) else ()))
     return "; ".join(f"{label} {chosen} ({key}=auto: {why})" if name == "auto" else f"{label} {name} ({key})"
                      for label, key, name in roles)
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ppo_trainer.config.derived import uses_critic
+
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -228,7 +230,8 @@ def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
     if uses_reference and not cfg.model.lora.rank:
         roles.append(Line("reference", {"weights": compute_bytes(cfg, "model") * actor_dims.params
                                         / dev.actor.num_devices}, "a frozen copy"))
-    roles.append(trainer_line("critic", cfg, critic_dims, dev.critic.num_devices, 0))
+    if uses_critic(cfg):  # a critic-free algorithm.adv_estimator builds none
+        roles.append(trainer_line("critic", cfg, critic_dims, dev.critic.num_devices, 0))
     roles.append(rollout_line(cfg, actor_dims, device_bytes))
     reward_path = _reward_model_path(cfg)
     if reward_path:

@@ -5,7 +5,8 @@ resume resolution. Inside `<output_dir>/checkpoints/`:
 |-------------------------------|-----------------------------------------------------------------|
 | global_step_N/                | actor/, critic/ (actor_merged/ with LoRA), state/ (actor/ and   |
 |                               | critic/: DCP shards; trainer.json, rng.pt, config.yaml), and    |
-|                               | manifest/<role>.<rank>.json: what each worker rank wrote        |
+|                               | manifest/<role>.<rank>.json: what each worker rank wrote; no    |
+|                               | critic parts when algorithm.adv_estimator is critic-free        |
 | latest, best                  | one line each: the step folder they name                        |
 | commit_order                  | step folders in the order they were committed, oldest first     |
 | .incomplete_global_step_N/    | a step being written                                            |
@@ -28,7 +29,7 @@ import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -278,15 +279,17 @@ def save_trainer_state(folder: Path, state: dict[str, Any], rng: dict[str, torch
     OmegaConf.save(config, folder / "config.yaml")
 
 
-def load_trainer_state(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The driver's state of a checkpoint, checked (with both engines' folders) before any model loads."""
+def load_trainer_state(folder: Path, roles: Sequence[str] = ("actor", "critic"),
+                       ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The driver's state of a checkpoint, checked (with the state folders of `roles`, the trained
+    roles of the run that loads it) before any model loads."""
     try:
         state = json.loads((folder / "trainer.json").read_text())
         rng = torch.load(folder / "rng.pt", weights_only=True)
         missing = [k for k in REQUIRED_STATE if k not in state]
         if missing:
             raise ValueError(f"trainer.json lacks {', '.join(missing)}")
-        for role in ("actor", "critic"):
+        for role in roles:
             if not (folder / role).is_dir():
                 raise ValueError(f"no {role} state folder")
     except (OSError, ValueError, RuntimeError, AttributeError, pickle.UnpicklingError, EOFError) as e:

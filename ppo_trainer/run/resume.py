@@ -25,9 +25,10 @@ from ppo_trainer.tracking import flatten
 log = logging.getLogger("ppo_trainer")
 
 # Keys (a key names its subtree too) whose change makes the checkpoint continue something else: another
-# model, another LoRA shape, other training prompts or another order of them, other batch sizes.
+# model, another LoRA shape, other training prompts or another order of them, other batch sizes, another
+# advantage estimator (a critic-free checkpoint holds no critic to continue; a critic's would be dropped).
 REFUSED = (
-    "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules",
+    "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules", "algorithm.adv_estimator",
     "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.train_weights",
     "data.prompt_key", "data.answer_key", "data.source_key", "data.shuffle", "data.train_batch_size",
     "data.arithmetic.train_size", "data.arithmetic.max_operand", "data.arithmetic.two_step_fraction",

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
+from ppo_trainer.config.derived import trained_roles
 from ppo_trainer.console import finished_text, shown_path
 from ppo_trainer.data import PromptLoader, PromptRecord
 from ppo_trainer.dtypes import resolve_dtype
@@ -41,7 +42,8 @@ class Resume:
 def resolved_dtypes(cfg: DictConfig) -> dict[str, str]:
     """The compute dtype each trained role resolves to on this machine (`dtype=auto` follows the device)."""
     device_type = detect(cfg.devices.accelerator).torch_device_type
-    return {"actor": resolve_dtype(cfg.model.dtype, device_type), "critic": resolve_dtype(cfg.critic.dtype, device_type)}
+    keys = {"actor": cfg.model.dtype, "critic": cfg.critic.dtype}
+    return {role: resolve_dtype(keys[role], device_type) for role in trained_roles(cfg)}
 
 
 def prepare_resume(cfg: DictConfig, output_dir: Path) -> Optional[Resume]:
@@ -55,8 +57,9 @@ def prepare_resume(cfg: DictConfig, output_dir: Path) -> Optional[Resume]:
         if cfg.trainer.resume == "auto":
             resume.check_unsaved_run(output_dir, cfg)
         return None
-    state, rng = checkpoint.load_trainer_state(folder / "state")
-    changes = resume.check_config(folder, checkpoint.saved_config(folder), state, run_folder.resolved_config(cfg))
+    saved = checkpoint.saved_config(folder)
+    state, rng = checkpoint.load_trainer_state(folder / "state", trained_roles(saved))  # the roles it trained
+    changes = resume.check_config(folder, saved, state, run_folder.resolved_config(cfg))
     resume.check_dtypes(state, resolved_dtypes(cfg))
     state["reward_norm"] = resume.restored_reward_norm(folder, state, reward_fingerprint(cfg))
     return Resume(folder, state, rng, changes)
@@ -70,7 +73,7 @@ def finished_run(cfg: DictConfig, output_dir: Path) -> Optional[tuple[str, Optio
     folder = None if cfg.trainer.resume == "never" else checkpoint.resolve_resume(output_dir, cfg.trainer.resume)
     if folder is None:
         return None
-    step = int(checkpoint.load_trainer_state(folder / "state")[0]["step"])
+    step = int(checkpoint.load_trainer_state(folder / "state", ("actor",))[0]["step"])  # every checkpoint has an actor
     if step < cfg.trainer.total_steps:
         return None
     run = folder.parent.parent
@@ -103,7 +106,8 @@ def save(trainer: Any, best: bool = False) -> Path:
         staging = checkpoint.begin(trainer.output_dir, trainer.step)
         marker = write_marker(staging)
         trainer.actor.run_all(Worker.save, str(staging), marker)
-        trainer.critic.run_all(Worker.save, str(staging), marker)
+        if trainer.critic is not None:  # none with a critic-free algorithm.adv_estimator
+            trainer.critic.run_all(Worker.save, str(staging), marker)
         remove_marker(staging)
         state = {"step": trainer.step, "loader": trainer.loader.state_dict(), "kl_ctrl": trainer.kl_ctrl.state_dict(),
                  "critic_warmup": trainer.critic_warmup.state_dict(),
@@ -114,7 +118,8 @@ def save(trainer: Any, best: bool = False) -> Path:
                                       {"torch": torch.get_rng_state(), "workers": workers},
                                       run_folder.resolved_config(trainer.cfg))
         folder = checkpoint.commit(trainer.output_dir, trainer.step, trainer.cfg.trainer.keep_last,
-                                   parts={"actor": len(trainer.actor), "critic": len(trainer.critic)}, best=best)
+                                   parts={role: len(trainer.groups[role]) for role in trained_roles(trainer.cfg)},
+                                   best=best)
     except OSError as e:
         raise checkpoint.CheckpointSaveError(f"saving step {trainer.step} failed ({e}); free the disk or fix the "
                                              f"folder: {trainer.last_checkpoint_line()}") from e
@@ -128,7 +133,10 @@ def load(trainer: Any, resumed: Resume) -> None:
     config's coefficient (`resume.restores_kl_controller`)."""
     folder, state, rng = resumed.folder, resumed.state, resumed.rng
     trainer.actor.run_all(Worker.load, str(folder))
-    trainer.critic.run_all(Worker.load, str(folder))
+    if trainer.critic is not None and (folder / "state" / "critic").is_dir():
+        trainer.critic.run_all(Worker.load, str(folder))
+    elif trainer.critic is not None:  # trainer.resume_allow let algorithm.adv_estimator change from a critic-free one
+        log.info("resume: %s was trained critic-free and holds no critic; the critic starts anew", shown_path(folder))
     trainer.loader.load_state_dict(state["loader"])
     if resume.restores_kl_controller(resumed.changes):
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])

@@ -107,6 +107,13 @@ class WorkerGroup:
         self.workers.shutdown()
 
 
+def device_count(groups: dict[str, WorkerGroup], colocate: bool) -> int:
+    """The devices a step's throughput is per: the actor's when the roles share them, else the
+    actor's, the critic's (where the run built one) and the rollout's."""
+    roles = ("actor",) if colocate else ("actor", "critic", "rollout")
+    return sum(len(groups[role]) for role in roles if role in groups)
+
+
 def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, WorkerGroup]:
     """The groups of `roles_of(cfg)`, on `kind` (detected unless given). Local: built in that order in
     this process. Ray: all roles start concurrently."""

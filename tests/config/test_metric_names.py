@@ -29,6 +29,7 @@ VARIANTS = {
     "sampled validation": ["eval.n=2", "eval.temperature=1.0", "trainer.total_steps=1"],
     "a reward model and mis": ["reward.model.path=random:tiny-reward", "algorithm.rollout_correction=mis",
                                "trainer.total_steps=1"],
+    "critic-free (grpo)": ["algorithm.adv_estimator=grpo", "trainer.total_steps=1"],
 }
 
 

@@ -134,6 +134,7 @@ def test_keys_read_every_step_follow_the_command_line(run_copy, capsys):
     ("sampler.n=4", "sampler.n 2 -> 4"),
     ("trainer.seed=1", "trainer.seed 0 -> 1"),
     ("model.lora.rank=4", "model.lora.rank 0 -> 4"),
+    ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator gae -> grpo"),
     ("data.arithmetic.train_size=128", "data.arithmetic.train_size 256 -> 128"),
     ("model.path=embedded:smollm2-135m-instruct", "model.path random:tiny -> embedded:smollm2-135m-instruct"),
 ])

@@ -29,7 +29,8 @@ def gae_of(step: int, *overrides: str):
     batch = Batch(input_ids=torch.zeros(6, 61, dtype=torch.long), attention_mask=torch.ones(6, 61),
                   position_ids=torch.zeros(6, 61), response_mask=mask, values=torch.randn(6, 60, generator=gen) * mask)
     warmup = CriticWarmup(cfg.algorithm.critic_warmup, None)  # no step observed: it lasts critic_warmup steps
-    out = core_advantages.compute(torch.zeros(6), torch.zeros(6, 60), rewards, batch.values, mask, cfg.gae, kl_coef=1.0,
+    out = core_advantages.compute(torch.zeros(6), torch.zeros(6, 60), rewards, batch.values, mask, cfg.gae,
+                                  cfg.algorithm, kl_coef=1.0, group_size=cfg.sampler.n,
                                   warming_up=warmup.active(step), warmup_phase=warmup.metric_phase(step))
     metrics = {k: v for k, v in out.metrics.items() if "warmup" in k}
     return cfg, rewards, batch, out.advantages, out.returns, metrics

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
+from ppo_trainer.config.derived import uses_critic
 from ppo_trainer.errors import InputError
 from ppo_trainer.workers.accelerators import DeviceKind, local_device_count
 
@@ -21,8 +22,10 @@ SHARED_POOL = "shared"
 
 
 def roles_of(cfg: DictConfig) -> tuple[str, ...]:
-    """The roles a run builds: actor, critic and rollout, and a reward model when reward.model.path names one."""
-    return (*ROLES, "reward_model") if cfg.reward.model.path else ROLES
+    """The roles a run builds: actor, critic (not for a critic-free algorithm.adv_estimator) and rollout,
+    and a reward model when reward.model.path names one."""
+    roles = tuple(role for role in ROLES if role != "critic" or uses_critic(cfg))
+    return (*roles, "reward_model") if cfg.reward.model.path else roles
 
 
 class PlacementError(InputError):
