@@ -10,6 +10,7 @@ a run, and to an InputError found after the models loaded (a reward's result at 
 
 from __future__ import annotations
 
+import signal
 from typing import Optional
 
 
@@ -34,3 +35,15 @@ class RunError(StopError, RuntimeError):
     """A failure during the run: exit 1 (a stop by a signal: 128 + its number)."""
 
     exit_code = 1
+
+
+class NonFiniteError(RunError):
+    """Too many updates in a row had a non-finite loss or gradient norm."""
+
+
+class StoppedBySignal(RunError):
+    """A signal stopped the workers before the step could be saved; exit 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: signal.Signals):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)

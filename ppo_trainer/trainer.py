@@ -29,7 +29,7 @@ from ppo_trainer.core.rollout_correction import rollout_weights
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
-from ppo_trainer.errors import InputError, RunError
+from ppo_trainer.errors import InputError, NonFiniteError, RunError, StoppedBySignal
 from ppo_trainer.evaluate import (
     eval_temperature,
     evaluate_records,
@@ -44,10 +44,10 @@ from ppo_trainer.rewards.math import EXTRACTORS
 from ppo_trainer.rewards.scoring import (
     CombinedScorer,
     Scorer,
-    build_scorer,
-    build_training_scorer,
+    function_scorers,
     require_finite_scores,
     reward_metrics,
+    scorers_of,
 )
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.run import checkpoint, resume, trainer_state
@@ -401,39 +401,6 @@ class Trainer:
             return
         for group in (g for g in (self.rollout, self.critic, self.actor) if g is not None):
             group.shutdown()
-
-
-class NonFiniteError(RunError):
-    """Too many updates in a row had a non-finite loss or gradient norm."""
-
-
-class StoppedBySignal(RunError):
-    """A signal stopped the workers before the step could be saved; exit 128 + the signal's number."""
-
-    def __init__(self, message: str, signum: signal.Signals):
-        super().__init__(message)
-        self.exit_code = 128 + int(signum)
-
-
-def function_scorers(cfg: DictConfig) -> tuple[Optional[Scorer], Optional[Scorer]]:
-    """(reward.fn's scorer, eval.reward_fn's), each None where its key is null."""
-    function = build_scorer(cfg.reward)
-    try:
-        return function, build_scorer(OmegaConf.merge(cfg.reward, {"fn": cfg.eval.reward_fn}), "eval.reward_fn")
-    except BaseException:
-        if function is not None:
-            function.close()
-        raise
-
-
-def scorers_of(cfg: DictConfig, groups: dict[str, WorkerGroup],
-               functions: Optional[tuple[Optional[Scorer], Optional[Scorer]]] = None) -> tuple[CombinedScorer, Scorer]:
-    """(training's scorer: reward.fn with the reward model and server; validation's: eval.reward_fn,
-    else reward.fn, else training's learned parts unnormalised), from `function_scorers` (made here
-    unless given)."""
-    function, validation = functions or function_scorers(cfg)
-    training = build_training_scorer(cfg, function, groups.get("reward_model"))
-    return training, validation or function or training.raw()
 
 
 def run_training(cfg: DictConfig, command: Sequence[str] = (), start_lines: Sequence[str] = ()) -> Optional[float]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
+from omegaconf import OmegaConf
+
 from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.config.secrets import redact_url
 from ppo_trainer.rewards.calling import (
@@ -428,3 +430,25 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
                           RunningNorm(r.remote.normalize, r.remote.clip)))
     return CombinedScorer(function, parts, reward_fingerprint(cfg))
+
+
+def function_scorers(cfg: Any) -> tuple[Optional[Scorer], Optional[Scorer]]:
+    """(reward.fn's scorer, eval.reward_fn's), each None where its key is null."""
+    function = build_scorer(cfg.reward)
+    try:
+        return function, build_scorer(OmegaConf.merge(cfg.reward, {"fn": cfg.eval.reward_fn}), "eval.reward_fn")
+    except BaseException:
+        if function is not None:
+            function.close()
+        raise
+
+
+def scorers_of(cfg: Any, groups: Mapping[str, Any],
+               functions: Optional[tuple[Optional[Scorer], Optional[Scorer]]] = None) -> tuple[CombinedScorer, Scorer]:
+    """A run's scorers from its worker groups (the reward model's, when there is one): (training's
+    scorer: reward.fn with the reward model and server; validation's: eval.reward_fn,
+    else reward.fn, else training's learned parts unnormalised), from `function_scorers` (made here
+    unless given)."""
+    function, validation = functions or function_scorers(cfg)
+    training = build_training_scorer(cfg, function, groups.get("reward_model"))
+    return training, validation or function or training.raw()

@@ -17,9 +17,10 @@ from omegaconf import OmegaConf
 
 from ppo_trainer.cli import train_main
 from ppo_trainer.config.composition import compose
+from ppo_trainer.errors import NonFiniteError
 from ppo_trainer.run import folder as run_folder
 from ppo_trainer.tracking import wandb_run_id
-from ppo_trainer.trainer import NonFiniteError, run_training
+from ppo_trainer.trainer import run_training
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["+experiment=smoke", "trainer.loggers=[jsonl]"]

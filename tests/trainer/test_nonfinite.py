@@ -10,7 +10,8 @@ import torch
 
 from ppo_trainer.config.composition import compose
 from ppo_trainer.engine.fsdp import summarize_steps
-from ppo_trainer.trainer import NonFiniteError, run_training
+from ppo_trainer.errors import NonFiniteError
+from ppo_trainer.trainer import run_training
 
 
 def test_summary_counts_skipped_steps_and_averages_the_taken_ones():
