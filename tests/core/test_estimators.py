@@ -157,7 +157,7 @@ def switch(estimator: str, *overrides: str):
     cfg = compose([f"algorithm.adv_estimator={estimator}", "sampler.n=2", "gae.kl_penalty=k1", *overrides])
     reference = torch.where(MASK.bool(), REWARDS, 0)
     return core_advantages.compute(torch.zeros(4, dtype=torch.float64), torch.zeros_like(REWARDS), reference, None,
-                                   MASK, cfg.gae, cfg.algorithm, kl_coef=1.0, step=1, group_size=2)
+                                   MASK, cfg.gae, cfg.algorithm, kl_coef=1.0, group_size=2)
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus"])
