@@ -54,6 +54,15 @@ class Run:
         values = [v for _, v in self.series(metric) if not math.isnan(v)]
         return (max(values) if maximize else min(values)) if values else None
 
+    def against_seconds(self, metric: str) -> list[tuple[float, float]]:
+        """(training seconds up to and including the step: the steps' timing_s/step summed, value) of
+        each record that logged `metric`: the curve against the time it cost."""
+        elapsed, at = 0.0, {}
+        for record in self.metrics:
+            elapsed += as_number(record.get("timing_s/step")) or 0.0
+            at[int(record["step"])] = elapsed
+        return [(at[step], value) for step, value in self.series(metric)]
+
     def train_seconds(self) -> Optional[float]:
         points = self.series("timing_s/step")
         return sum(v for _, v in points) if points else None
@@ -234,12 +243,15 @@ def _maximize(hydra: dict[str, Any], optuna_best: Optional[dict[str, Any]], fina
 
 
 def plot_accuracy(report: Report, out: Path) -> None:
-    """Overlay the val/accuracy curves of all runs."""
-    curves = []
-    for run in report.runs:
-        label = " ".join(f"{k}={_short(v)}" for k, v in run.swept.items())
-        curves.append((f"{run.name}: {label}" if label else run.name, run.series(ACCURACY)))
-    plot(out, [(f"{ACCURACY}: {report.sweep_dir.name}", curves)], cols=1, size=(7, 4.5))
+    """Overlay the val/accuracy curves of all runs, against step and against training seconds (what
+    a run costs: a critic-free arm takes shorter steps)."""
+    labels = [" ".join(f"{k}={_short(v)}" for k, v in run.swept.items()) for run in report.runs]
+    names = [f"{run.name}: {label}" if label else run.name for run, label in zip(report.runs, labels)]
+    by_step = [(name, run.series(ACCURACY)) for name, run in zip(names, report.runs)]
+    by_time = [(name, run.against_seconds(ACCURACY)) for name, run in zip(names, report.runs)]
+    title = f"{ACCURACY}: {report.sweep_dir.name}"
+    plot(out, [(title, by_step), (title, by_time)], cols=2, size=(7, 4.5),
+         xlabels=["step", "training seconds (timing_s/step summed)"])
 
 
 def main(argv: Optional[list[str]] = None) -> None:

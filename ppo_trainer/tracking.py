@@ -129,9 +129,10 @@ def as_number(value: Any) -> Optional[float]:
     return float(value) if number or non_finite else None
 
 
-def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[int, float]]]]]], cols: int,
-         size: tuple[float, float]) -> None:
-    """Curves against step: panels of (title, [(label or None, points)]), each `size` inches."""
+def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[float, float]]]]]], cols: int,
+         size: tuple[float, float], xlabels: Optional[list[str]] = None) -> None:
+    """Curves: panels of (title, [(label or None, points)]), each `size` inches, against step (or
+    each panel's `xlabels` entry)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,12 +141,14 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
 
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
-    for ax, (title, curves) in zip(axes.flat, panels):
+    for i, (ax, (title, curves)) in enumerate(zip(axes.flat, panels)):
         for label, points in curves:
             if points:
                 ax.plot(*zip(*points), marker="." if len(points) < 50 else None, label=label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set(title=title, xlabel="step")
+        xlabel = xlabels[i] if xlabels else "step"
+        if xlabel == "step":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=title, xlabel=xlabel)
         ax.grid(alpha=0.3)
         if any(line.get_label() and not line.get_label().startswith("_") for line in ax.lines):
             ax.legend(fontsize="small")

@@ -168,3 +168,17 @@ def test_an_optuna_search_that_minimised_is_sorted_lowest_first(tmp_path):
     report = build_report(tmp_path)
     assert not report.maximize and [r.name for r in report.runs] == ["1", "0"]
     assert "Optuna best (optimization_results.yaml): `{'gae.lam': 1.0}` -> 0.1" in report.markdown()
+
+
+def test_the_plot_shows_each_run_against_step_and_against_the_training_seconds_it_cost(tmp_path, monkeypatch):
+    from ppo_trainer import sweep_report
+
+    make_run(tmp_path, "0", 0.9, [0.1, 0.3, 0.5], ["gae.lam=0.9"])
+    drawn = {}
+    monkeypatch.setattr(sweep_report, "plot", lambda out, panels, cols, size, xlabels: drawn.update(
+        panels=panels, xlabels=xlabels))
+    sweep_report.plot_accuracy(build_report(tmp_path), tmp_path / "val_accuracy.png")
+    (by_step, by_time) = [curves for _, curves in drawn["panels"]]
+    assert by_step == [("0: gae.lam=0.9", [(0, 0.1), (1, 0.3), (2, 0.5)])]
+    assert by_time == [("0: gae.lam=0.9", [(0.0, 0.1), (1.5, 0.3), (3.0, 0.5)])]  # 1.5 s a step
+    assert drawn["xlabels"] == ["step", "training seconds (timing_s/step summed)"]
