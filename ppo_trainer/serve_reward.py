@@ -166,8 +166,9 @@ class RewardHandler(BaseHTTPRequestHandler):
                       type(e).__name__)
             self._answer(500, {"error": f"scoring failed ({type(e).__name__}); see the server's log"})
             return
-        self._answer(200, answer.payload())
+        # logged before the answer is sent, so that a client that has its answer also finds the line
         self.server.record(self.client_address[0], len(request["query"]), time.monotonic() - started, answer)
+        self._answer(200, answer.payload())
 
     def _authorised(self) -> bool:
         """Whether the request carries the token (compared as bytes: the client sends the UTF-8 of
