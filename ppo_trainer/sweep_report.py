@@ -251,7 +251,7 @@ def plot_accuracy(report: Report, out: Path) -> None:
     by_time = [(name, run.against_seconds(ACCURACY)) for name, run in zip(names, report.runs)]
     title = f"{ACCURACY}: {report.sweep_dir.name}"
     plot(out, [(title, by_step), (title, by_time)], cols=2, size=(7, 4.5),
-         xlabels=["step", "training seconds (timing_s/step summed)"])
+         xlabels=["step", "training seconds (timing_s/step summed)"], shared_legend=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

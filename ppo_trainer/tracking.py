@@ -130,9 +130,10 @@ def as_number(value: Any) -> Optional[float]:
 
 
 def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple[float, float]]]]]], cols: int,
-         size: tuple[float, float], xlabels: Optional[list[str]] = None) -> None:
+         size: tuple[float, float], xlabels: Optional[list[str]] = None, shared_legend: bool = False) -> None:
     """Curves: panels of (title, [(label or None, points)]), each `size` inches, against step (or
-    each panel's `xlabels` entry)."""
+    each panel's `xlabels` entry). `shared_legend`: the panels show the same curves, named once
+    below them (long labels, such as a sweep's overrides, would cover a panel)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,10 +151,13 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=title, xlabel=xlabel)
         ax.grid(alpha=0.3)
-        if any(line.get_label() and not line.get_label().startswith("_") for line in ax.lines):
+        if not shared_legend and any(line.get_label() and not line.get_label().startswith("_") for line in ax.lines):
             ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    if shared_legend:
+        fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(0, 0),
+                   fontsize="small")
+    fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 

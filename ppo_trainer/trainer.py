@@ -21,7 +21,7 @@ from ppo_trainer.config.paths import absolute_paths
 from ppo_trainer.config.trust import code_overrides
 from ppo_trainer.console import console_stream, run_summary
 from ppo_trainer.core import advantages
-from ppo_trainer.core.critic_warmup import CriticWarmup
+from ppo_trainer.core.critic_warmup import CriticWarmup, deciding_explained_var
 from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
@@ -277,7 +277,7 @@ class Trainer:
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all(ActorEngine.update, batch)[0]))
                 with timer("sync"):
                     metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
-            self.critic_warmup.observe(step, metrics.get("critic/vf_explained_var"))  # critic-free: no warm-up
+            self.critic_warmup.observe(step, deciding_explained_var(metrics))  # critic-free: no warm-up
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)

@@ -175,10 +175,11 @@ def test_the_plot_shows_each_run_against_step_and_against_the_training_seconds_i
 
     make_run(tmp_path, "0", 0.9, [0.1, 0.3, 0.5], ["gae.lam=0.9"])
     drawn = {}
-    monkeypatch.setattr(sweep_report, "plot", lambda out, panels, cols, size, xlabels: drawn.update(
-        panels=panels, xlabels=xlabels))
+    monkeypatch.setattr(sweep_report, "plot", lambda out, panels, cols, size, xlabels, shared_legend: drawn.update(
+        panels=panels, xlabels=xlabels, shared_legend=shared_legend))
     sweep_report.plot_accuracy(build_report(tmp_path), tmp_path / "val_accuracy.png")
     (by_step, by_time) = [curves for _, curves in drawn["panels"]]
     assert by_step == [("0: gae.lam=0.9", [(0, 0.1), (1, 0.3), (2, 0.5)])]
     assert by_time == [("0: gae.lam=0.9", [(0.0, 0.1), (1.5, 0.3), (3.0, 0.5)])]  # 1.5 s a step
     assert drawn["xlabels"] == ["step", "training seconds (timing_s/step summed)"]
+    assert drawn["shared_legend"], "one legend below both panels: a sweep's labels are long"

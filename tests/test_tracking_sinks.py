@@ -37,3 +37,16 @@ def test_each_listed_sink_gets_the_params_every_step_and_a_close(tmp_path, monke
         "tb close", "wandb finish", "mlflow end",
     ]
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "critic/score/mean": 0.5}\n'
+
+
+def test_a_shared_legend_sits_below_the_panels(tmp_path):
+    from matplotlib.image import imread
+
+    from ppo_trainer.tracking import plot
+
+    long_label = "0: " + " ".join(f"algorithm.key_{i}=value" for i in range(8))
+    panels = [("a", [(long_label, [(0, 0.1), (1, 0.2)])]), ("b", [(long_label, [(0.0, 0.1), (2.0, 0.2)])])]
+    plot(tmp_path / "own.png", panels, cols=2, size=(4, 3))
+    plot(tmp_path / "shared.png", panels, cols=2, size=(4, 3), shared_legend=True)
+    own, shared = imread(tmp_path / "own.png"), imread(tmp_path / "shared.png")
+    assert shared.shape[0] > own.shape[0], "the legend is added below the panels"

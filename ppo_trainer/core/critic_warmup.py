@@ -6,7 +6,7 @@ from a critic that has seen its returns. It lasts ``algorithm.critic_warmup`` st
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 
 def warmup_ends(step: int, cap: int, explained_var: float, target: Optional[float]) -> bool:
@@ -14,6 +14,15 @@ def warmup_ends(step: int, cap: int, explained_var: float, target: Optional[floa
     critic/vf_explained_var (the values from before this step's critic update, against this step's
     fresh returns: an out-of-sample measure) reached ``target``. NaN never reaches it."""
     return step >= cap or (target is not None and math.isfinite(explained_var) and explained_var >= target)
+
+
+def deciding_explained_var(metrics: Mapping[str, float]) -> Optional[float]:
+    """The explained variance a warm-up step is judged on: its critic/vf_explained_var, out of sample,
+    except on the step whose value head was just fitted to that step's own returns
+    (critic.value_head_init=regression), where the values are in sample and the fit's
+    cross-validated critic/value_head_fit/cv_explained_var says how far they generalise.
+    None without a critic."""
+    return metrics.get("critic/value_head_fit/cv_explained_var", metrics.get("critic/vf_explained_var"))
 
 
 class CriticWarmup:

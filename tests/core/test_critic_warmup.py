@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ppo_trainer.core.critic_warmup import CriticWarmup, warmup_ends
+from ppo_trainer.core.critic_warmup import CriticWarmup, deciding_explained_var, warmup_ends
 
 
 @pytest.mark.parametrize("step, explained_var, target, ends", [
@@ -65,3 +65,10 @@ def test_a_warmup_restored_from_its_state_continues_as_the_uninterrupted_one():
     resumed = CriticWarmup(cap=10, target=0.6)
     resumed.load_state_dict(first.state_dict())
     assert run(resumed, explained_vars[2:], first_step=3) == uninterrupted[2:] == [(3, True, None), (4, False, "after")]
+
+
+def test_the_step_that_fitted_the_value_head_is_judged_on_the_fits_held_out_figure():
+    fitted = {"critic/vf_explained_var": 0.44, "critic/value_head_fit/cv_explained_var": 0.05}
+    assert deciding_explained_var(fitted) == 0.05  # the in-sample 0.44 would end a 0.3 warm-up at once
+    assert deciding_explained_var({"critic/vf_explained_var": 0.2}) == 0.2
+    assert deciding_explained_var({}) is None

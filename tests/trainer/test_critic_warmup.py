@@ -67,3 +67,15 @@ def test_a_resume_after_the_deciding_step_continues_as_the_uninterrupted_run(run
     resumed = run(tmp_path, reward, target)
     for step in range(stop + 1, STEPS + 1):
         assert trained(resumed[step]) == trained(early[step]), step
+
+
+def test_the_fitted_value_heads_in_sample_explained_variance_does_not_end_the_warmup(runs, tmp_path):
+    """critic.value_head_init=regression fits step 1's values to step 1's own returns: the warm-up
+    decides there on the fit's cross-validated figure, not on the in-sample one step 1 logs."""
+    *_, reward = runs
+    capped = run(tmp_path / "capped", reward, "critic.value_head_init=regression")
+    in_sample, held_out = capped[1]["critic/vf_explained_var"], capped[1]["critic/value_head_fit/cv_explained_var"]
+    assert in_sample > held_out, (in_sample, held_out)
+    target = run(tmp_path / "target", reward, "critic.value_head_init=regression",
+                 f"algorithm.critic_warmup_explained_var={in_sample!r}")
+    assert "actor/pg_loss" not in target[2], "step 1's in-sample fit ended the warm-up"
