@@ -6,26 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_trainer.cli import train_main
 from ppo_trainer.config import metric_names
 from ppo_trainer.config.composition import compose
 from ppo_trainer.config.derived import trained_roles, uses_critic, uses_reference
 from ppo_trainer.config.schema import AlgorithmConfig, ConfigError
-
-
-def refusal(capsys, monkeypatch, tmp_path, *overrides: str) -> str:
-    """ppo-train on the smoke experiment: exit code 2 and one line on stderr, returned; no model loads."""
-    def fail(*_args, **_kwargs):
-        raise AssertionError("a model was about to load: the error must come earlier")
-
-    monkeypatch.setattr("ppo_trainer.workers.group.build_groups", fail)
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exit_info:
-        train_main(["+experiment=smoke", *overrides])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 def test_gae_with_its_critic_is_the_default_and_grpo_scales_by_the_std_as_in_verl():
@@ -36,10 +20,10 @@ def test_gae_with_its_critic_is_the_default_and_grpo_scales_by_the_std_as_in_ver
     assert trained_roles(compose(["algorithm.adv_estimator=reinforce_plus_plus"])) == ("actor",)
 
 
+@pytest.mark.usefixtures("no_model_loading")
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
-def test_a_group_estimator_with_one_sample_per_prompt_exits_2_naming_both_keys(capsys, monkeypatch, tmp_path,
-                                                                               estimator):
-    line = refusal(capsys, monkeypatch, tmp_path, f"algorithm.adv_estimator={estimator}", "sampler.n=1")
+def test_a_group_estimator_with_one_sample_per_prompt_exits_2_naming_both_keys(ppo_train_error, estimator):
+    line = ppo_train_error(f"algorithm.adv_estimator={estimator}", "sampler.n=1")
     assert "'sampler.n' is 1" in line and f"algorithm.adv_estimator={estimator}" in line and "sampler.n >= 2" in line
 
 
@@ -47,19 +31,22 @@ def test_reinforce_plus_plus_needs_no_group():
     assert compose(["algorithm.adv_estimator=reinforce_plus_plus", "sampler.n=1"]).sampler.n == 1
 
 
-def test_a_critic_warmup_with_a_critic_free_estimator_exits_2_naming_both_keys(capsys, monkeypatch, tmp_path):
-    line = refusal(capsys, monkeypatch, tmp_path, "algorithm.adv_estimator=grpo", "algorithm.critic_warmup=2")
+@pytest.mark.usefixtures("no_model_loading")
+def test_a_critic_warmup_with_a_critic_free_estimator_exits_2_naming_both_keys(ppo_train_error):
+    line = ppo_train_error("algorithm.adv_estimator=grpo", "algorithm.critic_warmup=2")
     assert "'algorithm.critic_warmup' is 2" in line and "algorithm.adv_estimator=grpo is critic-free" in line
     assert "set algorithm.critic_warmup=0" in line
 
 
-def test_a_critic_path_with_a_critic_free_estimator_exits_2(capsys, monkeypatch, tmp_path):
-    line = refusal(capsys, monkeypatch, tmp_path, "algorithm.adv_estimator=rloo", "critic.path=random:tiny")
+@pytest.mark.usefixtures("no_model_loading")
+def test_a_critic_path_with_a_critic_free_estimator_exits_2(ppo_train_error):
+    line = ppo_train_error("algorithm.adv_estimator=rloo", "critic.path=random:tiny")
     assert "'critic.path' is set" in line and "algorithm.adv_estimator=rloo is critic-free and builds no critic" in line
 
 
-def test_an_unknown_estimator_exits_2_listing_the_allowed_ones(capsys, monkeypatch, tmp_path):
-    line = refusal(capsys, monkeypatch, tmp_path, "algorithm.adv_estimator=ppo")
+@pytest.mark.usefixtures("no_model_loading")
+def test_an_unknown_estimator_exits_2_listing_the_allowed_ones(ppo_train_error):
+    line = ppo_train_error("algorithm.adv_estimator=ppo")
     assert "'algorithm.adv_estimator' is 'ppo'; allowed values: gae, grpo, rloo, reinforce_plus_plus" in line
 
 
