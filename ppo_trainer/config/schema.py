@@ -147,6 +147,26 @@ class VllmConfig:  # the vLLM engine (sampler=vllm only)
 
 
 @dataclass
+class MultiTurnConfig:  # multi-turn rollouts: an environment and/or tools answer the policy (docs/multi-turn.md)
+    # the environment: "module:Class" or "path/to/file.py:Class" with reset(states) and step(states),
+    # OpenRLHF's AgentInstanceBase shape; one instance per episode. None: no environment
+    env: Optional[str] = None
+    # tools the policy may call: "calculator" and "python" (built in), or "module:function" /
+    # "path/to/file.py:function" with type hints and a docstring (its OpenAI function schema)
+    tools: list[str] = field(default_factory=list)
+    max_turns: int = field(default=3, metadata=at_least(1))  # assistant turns per episode
+    # an observation (tool results or the environment's feedback) is cut to this many tokens
+    max_observation_tokens: int = field(default=64, metadata=at_least(1))
+    # the whole response block (assistant turns and observations); None: max_turns x (sampler.max_new_tokens
+    # + max_observation_tokens)
+    max_response_tokens: Optional[int] = field(default=None, metadata=at_least(1))
+    # seconds for one tool call or one environment reset/step; past it the policy sees an error observation
+    tool_timeout_s: float = field(default=10.0, metadata=above(0))
+    # the built-in python tool's address-space limit in MiB (a guard against accidents, not a sandbox)
+    python_memory_mb: int = field(default=1024, metadata=at_least(64))
+
+
+@dataclass
 class SamplerConfig:  # rollout generation: the engine and its sampling settings
     name: str = field(default="hf", metadata=choice("hf", "vllm"))  # the engine: Hugging Face generate or vLLM
     n: int = field(default=1, metadata=at_least(1))  # samples per prompt
@@ -163,6 +183,7 @@ class SamplerConfig:  # rollout generation: the engine and its sampling settings
     # weight sync: MiB per bucket streamed from the actor to each rollout replica
     sync_bucket_mb: float = field(default=128.0, metadata=above(0))
     vllm: VllmConfig = field(default_factory=VllmConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
