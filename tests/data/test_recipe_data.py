@@ -1,5 +1,5 @@
-"""The CPU recipe's data (`+experiment=gsm8k_cpu`): today's one-step validation set and, with
-data.arithmetic.hard_val_size, a harder one, each reported under its own data_source; prompts that fit the recipe's prompt budget whatever
+"""The CPU recipe's data (`+experiment=gsm8k_cpu`): today's one-step validation set and a harder
+one (data.arithmetic.hard_val_size), each reported under its own data_source; prompts that fit the recipe's prompt budget whatever
 the curriculum and instruction; a longer response budget that the config and the strict reward take."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from ppo_trainer.rewards.scoring import build_scorer
 from ppo_trainer.rollout.base import assemble_rollout
 
 RECIPE = "+experiment=gsm8k_cpu"
-WITH_HARD_SET = "data.arithmetic.hard_val_size=256"  # the recipe with its second, harder validation set
 TODAYS_VAL = "7d8703fe454be3a4"  # tests/data/test_arithmetic.py TODAY[(10, 0.0)]: the recipe's set before this change
 GSM8K_INSTRUCTION = DataConfig().instruction  # "Let's think step by step and output the final answer after "####"."
 GSM8K_OVERRIDE = 'data.instruction="{}"'.format(GSM8K_INSTRUCTION.replace('"', '\\"'))  # as a shell passes it
@@ -35,19 +34,19 @@ def tokenizer() -> Any:
 
 
 def _data(*overrides: str) -> DataConfig:
-    return OmegaConf.to_object(compose([RECIPE, WITH_HARD_SET, *overrides]).data)
+    return OmegaConf.to_object(compose([RECIPE, *overrides]).data)
 
 
 def test_the_recipe_validates_on_todays_one_step_set_and_a_hard_set(tokenizer: Any) -> None:
     records = load_prompts(_data(), tokenizer, "val")
     by_source = {name: [r for r in records if r.data_source == name] for name in (SOURCE, HARD_SOURCE)}
-    assert [len(rows) for rows in by_source.values()] == [256, 256] and len(records) == 512
+    assert [len(rows) for rows in by_source.values()] == [256, 128] and len(records) == 384
     todays = [{"question": r.question, "answer": r.ground_truth} for r in by_source[SOURCE]]
     assert hashlib.sha256(json.dumps(todays).encode()).hexdigest()[:16] == TODAYS_VAL
     assert {r.where.rpartition(" row ")[0] for r in records} == {"arithmetic[val]", "arithmetic/hard[val]"}
     assert describe_split(_data(), "val") == (
         "the arithmetic generator: arithmetic (256 problems, one operation each, numbers up to 10) and "
-        "arithmetic/hard (256 problems, two operations each, numbers up to 50)")
+        "arithmetic/hard (128 problems, two operations each, numbers up to 20)")
 
 
 def test_a_new_curriculum_leaves_the_recipes_validation_sets_as_they_are(tokenizer: Any) -> None:
@@ -69,7 +68,7 @@ def test_every_prompt_fits_the_recipes_prompt_budget_with_either_instruction(tok
     cfg = _data(*overrides, *([GSM8K_OVERRIDE] if instruction else []))
     assert cfg.instruction == (instruction or _data().instruction)
     records = load_prompts(cfg, tokenizer, "train") + load_prompts(cfg, tokenizer, "val")
-    assert cfg.max_prompt_length == 128 and len(records) == 2000 + 512
+    assert cfg.max_prompt_length == 128 and len(records) == 2000 + 384
     assert max(len(r.prompt_ids) for r in records) <= 80  # measured: 70 with GSM8K's instruction
     assert all(r.prompt.rstrip().endswith("<|im_start|>assistant") for r in records)
 
@@ -106,14 +105,14 @@ class Oracle:
 
 
 def test_validation_reports_each_set_under_its_own_name_with_long_worked_answers_scored(tokenizer: Any) -> None:
-    cfg = compose([RECIPE, WITH_HARD_SET, "eval.batch_size=512"])
+    cfg = compose([RECIPE])
     records = load_prompts(OmegaConf.to_object(cfg.data), tokenizer, "val")
     oracle = Oracle(tokenizer)
     result = evaluate_records(oracle.generate, records, build_scorer(cfg.reward), pad_id=tokenizer.pad_token_id,
                               batch_size=cfg.eval.batch_size)
     metrics = validation_metrics(result)
     assert metrics["val/arithmetic/hard/accuracy"] == 1.0 and metrics["val/arithmetic/accuracy"] == 0.0
-    assert metrics["val/accuracy"] == 0.5  # pooled over both sets
+    assert metrics["val/accuracy"] == pytest.approx(128 / 384)  # pooled over both sets
     assert set(metrics) == {"val/accuracy", "val/score/mean", "val/arithmetic/accuracy", "val/arithmetic/score/mean",
                             "val/arithmetic/hard/accuracy", "val/arithmetic/hard/score/mean"}
-    assert min(oracle.lengths[256:]) > cfg.eval.max_new_tokens  # the hard set's responses are longer than 48 tokens
+    assert min(oracle.lengths[256:]) > cfg.eval.max_new_tokens  # the hard set's responses outrun the 64-token budget
