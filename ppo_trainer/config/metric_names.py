@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from ppo_trainer.config.derived import uses_critic
+from ppo_trainer.config.derived import is_multi_turn, uses_critic
 
 ALWAYS = (
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
@@ -23,9 +23,15 @@ CRITIC = (
     "critic/vf_error/late", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
     "critic/skipped_steps", "timing_s/values", "timing_s/update_critic", "perf/critic/max_memory_allocated_gb",
 )
-# Names that depend on the data or the reward: validation per data_source, a reward's named extras.
+# Multi-turn rollouts' (an environment or tools: docs/multi-turn.md), verl's names where it has them.
+MULTI_TURN = (
+    "num_turns/mean", "num_turns/max", "num_turns/min", "multi_turn/tool_calls/mean", "multi_turn/tool_errors",
+    "multi_turn/tool_timeouts", "multi_turn/observation_tokens/mean",
+)
+# Names that depend on the data, the reward or the environment: validation per data_source, a reward's
+# named extras, the share of episodes per end reason, an environment's extra_logs.
 PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?accuracy/(mean|pass)@\d+"),
-            re.compile(r"reward/([^/]+|remote/[^/]+)/mean"))
+            re.compile(r"reward/([^/]+|remote/[^/]+)/mean"), re.compile(r"multi_turn/(end|env)/[^/]+"))
 
 
 def produced(cfg: Any, uses_reference: bool) -> set[str]:
@@ -63,6 +69,8 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names |= {"reward/model/std", "perf/reward_model/max_memory_allocated_gb"}
     if cfg.gae.kl_ctrl == "adaptive":
         names.add("kl_ctrl/skipped_updates")
+    if is_multi_turn(cfg):
+        names |= set(MULTI_TURN)
     return names
 
 

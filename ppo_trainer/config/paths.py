@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ppo_trainer.config.trust import CODE_KEYS, function_file
+from ppo_trainer.config.trust import CODE_KEYS, code_refs, function_file
 
 FILE_LIST_KEYS = ("data.train_files", "data.val_files")
 # A model key's value is a path only where that folder exists: a hub name, embedded: and random: stay.
@@ -24,17 +24,19 @@ def absolute(path: str) -> str:
 
 def absolute_paths(cfg: Any) -> Any:
     """`cfg` with every local path made absolute in place (and returned): the data files, the file of
-    each code key (`trust.CODE_KEYS`: reward.fn, eval.reward_fn) and a model key naming a folder that
+    each code key's references (`trust.CODE_KEYS`: reward.fn, eval.reward_fn, the environment, the tools) and a model key naming a folder that
     exists here. A relative path is read against the working folder, as the run reads it."""
     for key in FILE_LIST_KEYS:
         files = OmegaConf.select(cfg, key)
         if files:
             OmegaConf.update(cfg, key, [absolute(str(f)) for f in files], merge=False)
     for key in CODE_KEYS:
-        ref = OmegaConf.select(cfg, key)
-        file = function_file(ref) if ref else None
-        if file is not None:
-            OmegaConf.update(cfg, key, f"{absolute(file)}:{ref.rpartition(':')[2]}", merge=False)
+        value = OmegaConf.select(cfg, key)
+        if not any(function_file(ref) for ref in code_refs(value)):
+            continue
+        refs = [ref if function_file(ref) is None else f"{absolute(function_file(ref))}:{ref.rpartition(':')[2]}"
+                for ref in code_refs(value)]
+        OmegaConf.update(cfg, key, refs if OmegaConf.is_list(value) else refs[0], merge=False)
     for key in MODEL_KEYS:
         path = OmegaConf.select(cfg, key)
         if path and os.path.isdir(os.path.expanduser(path)):

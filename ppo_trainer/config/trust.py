@@ -23,7 +23,16 @@ logger = logging.getLogger("ppo_trainer")
 # "path/to/file.py:function"). The one list: the trust rule below, the absolute paths a run saves
 # (`config.paths`) and the ppo-eval command of the run's summary (`code_overrides`) read it; a feature
 # that adds a key naming code (an environment, a tool) adds it here.
-CODE_KEYS = ("reward.fn", "eval.reward_fn")
+CODE_KEYS = ("reward.fn", "eval.reward_fn", "sampler.multi_turn.env", "sampler.multi_turn.tools")
+# Built-in tools go by bare name (sampler.multi_turn.tools=[calculator]): ppo_trainer's own code
+BUILTIN_TOOLS = ("calculator", "python")
+
+
+def code_refs(value: Any) -> list[str]:
+    """The function references a code key's value holds: none, one, or a list's (sampler.multi_turn.tools)."""
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [str(value)]
 
 
 def function_file(ref: str) -> Optional[str]:
@@ -36,6 +45,8 @@ def function_file(ref: str) -> Optional[str]:
 def is_builtin(ref: str) -> bool:
     """Whether the function reference `ref` ("module:function") names a function of this package by
     module path (not a file that could lie anywhere, e.g. "ppo_trainer.x/../../evil.py:f")."""
+    if ref in BUILTIN_TOOLS:
+        return True
     target = ref.rpartition(":")[0]
     return function_file(ref) is None and (target == "ppo_trainer" or target.startswith("ppo_trainer."))
 
@@ -47,12 +58,16 @@ def code_overrides(cfg: Any) -> list[str]:
     """`key=value` for each code key of `cfg` (`CODE_KEYS`) that is set and not built in: what the
     command line of `ppo-eval` must name to evaluate a checkpoint of this run (`eval_config` runs
     no code a run folder names). A value Hydra would not read as it is comes in Hydra's quotes."""
+    def quoted(ref: str) -> str:
+        return ref if _UNQUOTED.fullmatch(ref) else "'" + ref.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
     overrides = []
     for key in CODE_KEYS:
-        ref = OmegaConf.select(cfg, key)
-        if ref and not is_builtin(ref):
-            quoted = ref if _UNQUOTED.fullmatch(ref) else "'" + ref.replace("\\", "\\\\").replace("'", "\\'") + "'"
-            overrides.append(f"{key}={quoted}")
+        value = OmegaConf.select(cfg, key)
+        refs = code_refs(value)
+        if any(not is_builtin(ref) for ref in refs):
+            listed = isinstance(value, (list, tuple)) or OmegaConf.is_list(value)
+            overrides.append(f"{key}=[{','.join(map(quoted, refs))}]" if listed else f"{key}={quoted(refs[0])}")
     return overrides
 
 
@@ -89,11 +104,13 @@ def eval_config(composed: Any, overrides: list[str], run_config: Optional[Path])
     also = (" (and its model.trust_remote_code=true is not taken either: pass model.trust_remote_code=true too if "
             "you trust the folder)") if remote_code else ""
     for key in CODE_KEYS:
-        stored_fn = OmegaConf.select(cfg, key)
-        if stored_fn is None or any(name in (key, key.partition(".")[0]) for name in named) or is_builtin(stored_fn):
+        value = OmegaConf.select(cfg, key)
+        stored = code_refs(value)
+        if not stored or any(name in (key, key.partition(".")[0]) for name in named) or all(map(is_builtin, stored)):
             continue
-        raise ConfigError(f"the run's config ({run_config}) names {key}={stored_fn}, code that ppo-eval does not "
-                          f"run from a run folder unless told to: pass {key}={stored_fn} on the command line to "
+        shown = f"[{','.join(stored)}]" if OmegaConf.is_list(value) else stored[0]
+        raise ConfigError(f"the run's config ({run_config}) names {key}={shown}, code that ppo-eval does not "
+                          f"run from a run folder unless told to: pass {key}={shown} on the command line to "
                           f"trust it, or another {key}{also}")
     if not any(name in ("data", "data.val_files") for name in named):
         check_saved_files(cfg, run_config)

@@ -11,7 +11,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ppo_trainer.config import metric_names
-from ppo_trainer.config.derived import batch_arithmetic, kl_in_reward, trained_roles, uses_critic, uses_reference
+from ppo_trainer.config.derived import (
+    batch_arithmetic,
+    is_multi_turn,
+    kl_in_reward,
+    trained_roles,
+    uses_critic,
+    uses_reference,
+)
 from ppo_trainer.config.overrides import check_key, unknown_key_error
 from ppo_trainer.config.schema import (
     ARITHMETIC_OPERATIONS,
@@ -119,11 +126,18 @@ def validate_static(cfg: DictConfig) -> DictConfig:
 
     sizes = batch_arithmetic(cfg)
     seq_tokens = sizes["max_tokens_per_sequence"]
+    response = ("sampler.multi_turn's response budget (max_response_tokens, or max_turns x (sampler.max_new_tokens + "
+                "max_observation_tokens))" if is_multi_turn(cfg) else "sampler.max_new_tokens")
     _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= seq_tokens, "sampler.vllm.max_model_len",
-             f"must be >= data.max_prompt_length + sampler.max_new_tokens = {seq_tokens}")
+             f"must be >= data.max_prompt_length + {response} = {seq_tokens}")
     _require(a.ppo_micro_batch_tokens >= seq_tokens, "algorithm.ppo_micro_batch_tokens",
              f"({a.ppo_micro_batch_tokens}) must hold one full sequence: >= data.max_prompt_length + "
-             f"sampler.max_new_tokens = {seq_tokens}")
+             f"{response} = {seq_tokens}")
+    mt = s.multi_turn
+    _require(mt.max_response_tokens is None or mt.max_response_tokens >= s.max_new_tokens,
+             "sampler.multi_turn.max_response_tokens",
+             f"({mt.max_response_tokens}) must leave room for one full turn: >= sampler.max_new_tokens ({s.max_new_tokens})")
+    _require(len(set(mt.tools)) == len(mt.tools), "sampler.multi_turn.tools", f"names a tool twice: {list(mt.tools)}")
     _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
              f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
     for role in trained_roles(cfg):

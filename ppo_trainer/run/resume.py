@@ -26,7 +26,8 @@ log = logging.getLogger("ppo_trainer")
 
 # Keys (a key names its subtree too) whose change makes the checkpoint continue something else: another
 # model, another LoRA shape, other training prompts or another order of them, other batch sizes, another
-# advantage estimator (a critic-free checkpoint holds no critic to continue; a critic's would be dropped).
+# advantage estimator (a critic-free checkpoint holds no critic to continue; a critic's would be dropped), another
+# environment or tool set (another task).
 REFUSED = (
     "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules", "algorithm.adv_estimator",
     "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.train_weights",
@@ -35,7 +36,7 @@ REFUSED = (
     "data.arithmetic.operations",
     "data.arithmetic.seed", "data.digits.task", "data.digits.min_length", "data.digits.length",
     "data.digits.train_size", "data.digits.seed",
-    "sampler.n", "trainer.seed",
+    "sampler.n", "sampler.multi_turn.env", "sampler.multi_turn.tools", "trainer.seed",
 )
 NOT_COMPARED = ("trainer.output_dir", "trainer.resume", "trainer.resume_allow", "trainer.dry_run")
 KL_CONTROLLER_KEYS = ("gae.kl_coef", "gae.kl_ctrl")  # a change restarts the controller from gae.kl_coef
