@@ -105,14 +105,24 @@ def absolute_ref(ref: str) -> str:
 
 
 def import_reward(ref: str) -> Callable[..., Any]:
-    """The function `ref` names: "package.module:function", or "path/to/file.py:function" (a file
-    path, relative to the working folder; loaded once per process). ImportError or AttributeError
-    with a one-line message; also for a module that calls sys.exit while it is imported (the
-    SystemExit would otherwise end the run as if it had succeeded)."""
+    """The function `ref` names ("package.module:function" or "path/to/file.py:function"; see
+    `import_attribute`). ImportError or AttributeError with a one-line message."""
+    fn = import_attribute(ref, "function", "ppo_trainer.rewards.math:score")
+    if not callable(fn):
+        raise AttributeError(f"{ref.rpartition(':')[0]} has no function '{ref.rpartition(':')[2]}'")
+    return fn
+
+
+def import_attribute(ref: str, what: str, example: str) -> Any:
+    """The object `ref` names: "package.module:name", or "path/to/file.py:name" (a file path,
+    relative to the working folder; loaded once per process). Shared by every config key that names
+    users' code (a reward function, an environment class, a tool); `what` ("function", "class") and
+    `example` word the errors. ImportError or AttributeError with a one-line message; also for a
+    module that calls sys.exit while it is imported (the SystemExit would otherwise end the run as
+    if it had succeeded)."""
     target, _, name = ref.rpartition(":")
     if not target or not name:
-        raise ImportError("expected 'module:function' or 'path/to/file.py:function', e.g. "
-                          "ppo_trainer.rewards.math:score")
+        raise ImportError(f"expected 'module:{what}' or 'path/to/file.py:{what}', e.g. {example}")
     if _is_path(target):
         module = _load_file(Path(target))
     else:
@@ -122,10 +132,9 @@ def import_reward(ref: str) -> Callable[..., Any]:
             raise ImportError(f"module '{e.name}' cannot be imported; install it or put it on PYTHONPATH") from None
         except (Exception, SystemExit) as e:  # the module's own code failed (a syntax error, a file it reads...)
             raise ImportError(f"importing module '{target}' failed: {one_line(e)}; fix the module") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise AttributeError(f"{target} has no function '{name}'")
-    return fn
+    if not hasattr(module, name):
+        raise AttributeError(f"{target} has no {what} '{name}'")
+    return getattr(module, name)
 
 
 def _load_file(path: Path) -> Any:
@@ -133,7 +142,7 @@ def _load_file(path: Path) -> Any:
     path = path.expanduser().resolve()
     if not path.is_file():
         raise ImportError(f"file {path} not found")
-    name = f"ppo_trainer_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    name = f"ppo_trainer_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -224,16 +233,16 @@ def _fields(row: RewardInput) -> tuple[Any, ...]:
     return row.data_source, row.response, row.ground_truth, row.extra_info
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A numpy scalar, 0-d array or 0-d tensor as the Python number it holds; anything else as it is."""
     if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
         return value.item()
     return value
 
 
-def _number(value: Any) -> Optional[float]:
+def number_value(value: Any) -> Optional[float]:
     """`value` as a float when it is a number (bool, int, float, numpy or 0-d tensor scalar), else None."""
-    value = _plain(value)
+    value = plain_value(value)
     if isinstance(value, (bool, int, float)):
         return float(value)
     return None
@@ -257,7 +266,7 @@ def finite_score(value: Any) -> float:
     """`value` as a float when it is a finite number (an int, a float, a numpy or 0-d tensor scalar;
     not a bool, not a numeric string): the one rule for every score, a function's, a reward model's
     or a server's. ValueError naming what it was otherwise."""
-    value = _plain(value)
+    value = plain_value(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"returned {value!r:.100} as the score; a score must be a finite number")
     return float(value)
@@ -272,7 +281,7 @@ def read_extras(extras: Mapping[Any, Any]) -> dict[str, Any]:
         if name in RESERVED_EXTRAS:
             raise ValueError(f"returned the extra '{name}', a reserved name ({', '.join(RESERVED_EXTRAS)} are the "
                              "trainer's reward/* metrics); rename it")
-        number = _number(value)
+        number = number_value(value)
         if name == "acc" and number is None:
             raise ValueError(f"returned acc={value!r:.60}; 'acc' (validation's correctness) must be a number or a bool")
         out[name] = number if number is not None else None if value is None else str(value)
