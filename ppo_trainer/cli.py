@@ -394,6 +394,7 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
     import time
     from contextlib import closing
 
+    from ppo_trainer.agents import load_multi_turn
     from ppo_trainer.config.composition import compose
     from ppo_trainer.config.trust import eval_config
     from ppo_trainer.data import load_prompts
@@ -437,7 +438,8 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                 closing(validation_scorer(cfg)) as scorer:
             for path, (model_dir, _, step), output_file in zip(paths, targets, files):
                 tokenizer = load_tokenizer(model_dir, cfg.model.trust_remote_code)
-                loaded = load_prompts(cfg.data, tokenizer, "val", check_answer=answer_check(cfg, "val"))
+                tools = load_multi_turn(cfg.sampler.multi_turn, tokenizer, dict(cfg.data.chat_template_kwargs))[1]
+                loaded = load_prompts(cfg.data, tokenizer, "val", check_answer=answer_check(cfg, "val"), tools=tools)
                 records = first_per_source(loaded, cfg.eval.limit)
                 log.info("eval: %s with %s", decoding, "vLLM" if name == "vllm" else "Hugging Face generate")
                 sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,

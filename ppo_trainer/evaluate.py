@@ -82,11 +82,14 @@ def evaluate_records(generate: Callable[[Batch, int], Batch], records: Sequence[
         if len(out) != len(chunk) * n:
             raise ValueError(f"evaluate_records: {len(out)} responses for {len(chunk)} prompts x n={n}")
         scores = scorer.score(reward_inputs(chunk, n, out.response_text))
+        if out.turn_rewards is not None:  # a multi-turn episode's environment rewards add to its score, as in training
+            scores.values = [v + r for v, r in zip(scores.values, out.turn_rewards.sum(dim=1).tolist())]
         for row, (response, score, extras, truncated) in enumerate(zip(out.response_text, scores.values, scores.extras,
                                                                        out.truncated.tolist())):
             record = chunk[row // n]
             rows.append({"data_source": record.data_source, "index": record.index, "sample": row % n,
                          "question": record.question, "prompt": record.prompt, "response": response,
+                         **({} if out.episodes is None else {"turns": out.episodes[row]["turns"]}),
                          "extracted": extract(response), "ground_truth": record.ground_truth,
                          "extra_info": record.extra_info, "score": score, "extras": extras,
                          "correct": scorer.accuracy.correct(score, extras), "truncated": truncated})

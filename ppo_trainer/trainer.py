@@ -15,8 +15,9 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ppo_trainer.agents import load_multi_turn
 from ppo_trainer.batch import Batch
-from ppo_trainer.config.derived import kl_in_reward, uses_ground_truth, uses_reference
+from ppo_trainer.config.derived import kl_in_reward, response_tokens, uses_ground_truth, uses_reference
 from ppo_trainer.config.paths import absolute_paths
 from ppo_trainer.config.trust import code_overrides
 from ppo_trainer.console import console_stream, run_summary
@@ -50,6 +51,7 @@ from ppo_trainer.rewards.scoring import (
     scorers_of,
 )
 from ppo_trainer.rollout import Sampler
+from ppo_trainer.rollout.multi_turn import multi_turn_metrics
 from ppo_trainer.run import checkpoint, resume, trainer_state
 from ppo_trainer.run import folder as run_folder
 from ppo_trainer.tracking import Tracker
@@ -117,9 +119,11 @@ class Trainer:
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         if cfg.critic.path:
             check_critic_vocabulary(cfg.critic.path, tokenizer)
+        # a bad environment, tool or tool template fails here, before the models load
+        tools = load_multi_turn(cfg.sampler.multi_turn, tokenizer, dict(cfg.data.chat_template_kwargs))[1]
         answers = uses_ground_truth(cfg)  # an RLHF dataset without answers trains on a reward model or server
-        train_records = load_prompts(cfg.data, tokenizer, "train", answers, answer_check(cfg, "train"))
-        val_records = load_prompts(cfg.data, tokenizer, "val", answers, answer_check(cfg, "val"))
+        train_records = load_prompts(cfg.data, tokenizer, "train", answers, answer_check(cfg, "train"), tools)
+        val_records = load_prompts(cfg.data, tokenizer, "val", answers, answer_check(cfg, "val"), tools)
         if resumed is not None:
             trainer_state.check_resumed_data(resumed, train_records, cfg)
         functions = function_scorers(cfg)  # a bad reward.fn or signature fails here, before the models load
@@ -231,12 +235,14 @@ class Trainer:
             with timer("gen"), self.rollout_awake():
                 batch = self.rollout.run_split(Sampler.generate, prompts, cfg.sampler.n,
                                                seed=step_seed(cfg.trainer.seed, step))
+            if batch.episodes is not None:
+                metrics.update(multi_turn_metrics(batch))
             with timer("reward"):
                 scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
                 metrics.update(reward_metrics(scores, cfg.reward))
                 shaped = torch.tensor(scores.values, dtype=torch.float64)  # training only: validation is unshaped
-                for name, penalty in shaping.penalties(batch.truncated, batch.response_mask.sum(dim=1),
-                                                       cfg.sampler.max_new_tokens, cfg.reward).items():
+                for name, penalty in shaping.penalties(batch.truncated, batch.row_extents()[1], response_tokens(cfg),
+                                                       cfg.reward).items():
                     shaped = shaped - penalty
                     metrics[f"reward/{name}"] = penalty.mean().item()
                 batch = batch.with_fields(scores=shaped.float())
@@ -262,7 +268,8 @@ class Trainer:
                 with timer("values"):
                     if step == 1 and cfg.critic.value_head_init == "regression":  # before the critic's first values
                         mc = advantages.monte_carlo_returns(batch.scores, batch.old_logprobs, batch.ref_logprobs,
-                                                            batch.response_mask, cfg.gae, kl_coef=self.reward_kl_coef)
+                                                            batch.response_mask, cfg.gae, kl_coef=self.reward_kl_coef,
+                                                            turn_rewards=batch.turn_rewards)
                         fit = self.critic.run_all(CriticEngine.fit_value_head, batch.with_fields(returns=mc))[0]
                         metrics.update(fit)
                     batch = batch.with_fields(values=self.critic.run_split(CriticEngine.compute_values, batch))
@@ -310,7 +317,7 @@ class Trainer:
         out = advantages.compute(batch.scores, batch.old_logprobs, batch.ref_logprobs, batch.values,
                                  batch.response_mask, self.cfg.gae, self.cfg.algorithm, kl_coef=kl_coef,
                                  group_size=self.cfg.sampler.n, warming_up=self.critic_warmup.active(step),
-                                 warmup_phase=self.critic_warmup.metric_phase(step))
+                                 warmup_phase=self.critic_warmup.metric_phase(step), turn_rewards=batch.turn_rewards)
         metrics = {**out.metrics, "response_length/mean": batch.response_mask.sum(dim=1).float().mean().item(),
                    "response_length/clip_ratio": batch.truncated.float().mean().item()}
         if isinstance(self.kl_ctrl, AdaptiveKL):  # a non-finite KL is ignored, counted like a skipped update
@@ -367,7 +374,9 @@ class Trainer:
         rows = range(min(self.cfg.trainer.log_samples, len(batch)))
         return [{"data_source": batch.data_source[i], "prompt": batch.prompt_text[i],
                  "response": batch.response_text[i], "ground_truth": batch.ground_truth[i],
-                 "extra_info": batch.extra_info[i], "score": batch.scores[i].item()} for i in rows]
+                 "extra_info": batch.extra_info[i], "score": batch.scores[i].item(),
+                 **({} if batch.episodes is None else {"turns": batch.episodes[i]["turns"]})}
+                for i in rows]
 
     def validate(self) -> dict[str, float]:
         """`validation_metrics` of eval.n responses per prompt, greedy or sampled with the seed of

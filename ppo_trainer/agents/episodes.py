@@ -23,9 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ppo_trainer.agents.calls import Result, Runner
-from ppo_trainer.agents.environment import init_keywords, open_instance, read_step, reset_observation
-from ppo_trainer.agents.template import Observations, parse_tool_calls
-from ppo_trainer.agents.tools import Tool, ToolCall, allowed_tools, call_problem, run_call
+from ppo_trainer.agents.environment import (
+    init_keywords,
+    load_environment,
+    open_instance,
+    read_step,
+    reset_observation,
+)
+from ppo_trainer.agents.template import Observations, check_tool_template, parse_tool_calls
+from ppo_trainer.agents.tools import Tool, ToolCall, allowed_tools, call_problem, load_tools, run_call
 from ppo_trainer.config.schema import MultiTurnConfig
 
 
@@ -208,3 +214,14 @@ def _outcome(ids: list[int], cut: bool, messages: list[dict], reward: float = 0.
              extra_logs: Optional[dict] = None, sampling_params: Optional[dict] = None) -> TurnOutcome:
     return TurnOutcome(ids, cut, messages, reward, done, end_reason, tool_calls, tool_errors, tool_timeouts,
                        extra_logs or {}, sampling_params)
+
+
+def load_multi_turn(cfg: MultiTurnConfig, tokenizer: Any,
+                    chat_template_kwargs: Optional[dict] = None) -> tuple[Optional[type], list[Tool]]:
+    """The environment class and the tools `sampler.multi_turn` names, and the check that the
+    model's chat template can carry the tools: every problem a ConfigError naming its key, raised
+    where the run starts (the driver, ppo-eval), before any model loads."""
+    env_cls = None if cfg.env is None else load_environment(cfg.env)
+    tools = load_tools(list(cfg.tools), cfg=cfg)
+    check_tool_template(tokenizer, tools, chat_template_kwargs=chat_template_kwargs)
+    return env_cls, tools

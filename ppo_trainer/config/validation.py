@@ -138,6 +138,9 @@ def validate_static(cfg: DictConfig) -> DictConfig:
              "sampler.multi_turn.max_response_tokens",
              f"({mt.max_response_tokens}) must leave room for one full turn: >= sampler.max_new_tokens ({s.max_new_tokens})")
     _require(len(set(mt.tools)) == len(mt.tools), "sampler.multi_turn.tools", f"names a tool twice: {list(mt.tools)}")
+    _require(not mt.tools or d.use_chat_template, "sampler.multi_turn.tools",
+             "is set with data.use_chat_template=false: tools are offered and their results shown through the chat "
+             "template; set data.use_chat_template=true, or use an environment (sampler.multi_turn.env) instead")
     _require(d.train_batch_size % a.ppo_mini_batch_size == 0, "algorithm.ppo_mini_batch_size",
              f"({a.ppo_mini_batch_size}) must divide data.train_batch_size ({d.train_batch_size})")
     for role in trained_roles(cfg):
@@ -237,8 +240,9 @@ def _reward_checks(cfg: DictConfig) -> None:
     """reward.*: what scores, the pool, the shaping (docs/rewards.md). A function's signature is
     checked where it is imported (rewards/loader.py), before any model loads."""
     r = cfg.reward
-    _require(r.fn is not None or r.model.path or r.remote.url, "reward.fn",
-             "is null and neither reward.model.path nor reward.remote.url is set: nothing would score the responses")
+    _require(r.fn is not None or r.model.path or r.remote.url or cfg.sampler.multi_turn.env, "reward.fn",
+             "is null and neither reward.model.path, reward.remote.url nor sampler.multi_turn.env (whose rewards "
+             "count) is set: nothing would score the responses")
     if r.remote.url and has_credentials(r.remote.url):
         raise url_credentials_error(r.remote.url)
     _require(r.timeout_s is None or r.fn is not None or cfg.eval.reward_fn is not None, "reward.timeout_s",

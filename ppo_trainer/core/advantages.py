@@ -87,15 +87,16 @@ def compute(
     scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor],
     values: Optional[torch.Tensor], response_mask: torch.Tensor, gae: Any, algorithm: Any, *, kl_coef: float,
     group_size: int, warming_up: bool = False, warmup_phase: Optional[str] = None,
+    turn_rewards: Optional[torch.Tensor] = None,
 ) -> Advantages:
     """Token rewards (``ref_logprobs=None``: no KL), then the advantages of
     ``algorithm.adv_estimator``: ``gae`` (`gae_advantages`, from the critic's ``values``; the warm-up's
     state as `gae_advantages` takes it) or a critic-free one (`critic_free`; ``values`` None).
     ``gae``, ``algorithm``: those config sections; ``group_size``: sampler.n, the adjacent rows of
-    one prompt.
+    one prompt; ``turn_rewards``: a multi-turn batch's environment rewards [B, T] (`token_rewards`).
     """
     mask = response_mask
-    rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty)
+    rewards, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask, kl_coef, gae.kl_penalty, turn_rewards)
     if algorithm.adv_estimator == "gae":
         advantages, returns, critic_metrics = gae_advantages(rewards, values, mask, gae, warming_up, warmup_phase)
     else:
@@ -116,9 +117,11 @@ def compute(
 
 @torch.no_grad()
 def monte_carlo_returns(scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Optional[torch.Tensor],
-                        response_mask: torch.Tensor, gae: Any, *, kl_coef: float) -> torch.Tensor:
+                        response_mask: torch.Tensor, gae: Any, *, kl_coef: float,
+                        turn_rewards: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[B, T] discounted sums of the token rewards from each token on (GAE with values 0 and lambda
     1): the returns of a step that depend on no critic, which ``critic.value_head_init=regression``
     fits the value head to before the critic's first values exist."""
-    rewards, _ = token_rewards(scores, old_logprobs, ref_logprobs, response_mask, kl_coef, gae.kl_penalty)
+    rewards, _ = token_rewards(scores, old_logprobs, ref_logprobs, response_mask, kl_coef, gae.kl_penalty,
+                               turn_rewards)
     return compute_gae(rewards, torch.zeros_like(rewards), response_mask, gae.gamma, 1.0)[1]

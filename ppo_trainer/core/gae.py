@@ -12,13 +12,15 @@ from ppo_trainer.core.losses import kl_penalty as kl_estimate
 @torch.no_grad()
 def token_rewards(
     scores: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, response_mask: torch.Tensor,
-    kl_coef: float, kl_penalty: str,
+    kl_coef: float, kl_penalty: str, turn_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``r_t = -kl_coef * kl_t`` on every valid token, plus ``scores[b]`` on the row's last valid
-    token (the EOS, or the last token of a truncated response). ``kl_t = losses.kl_penalty(
-    old_logprobs, ref_logprobs, kl_penalty)``; ``ref_logprobs=None`` means no penalty.
+    token (the EOS, or the last token of a truncated response), plus ``turn_rewards[b, t]`` (a
+    multi-turn episode's environment rewards [B,T], each on its turn's last token; None: none).
+    ``kl_t = losses.kl_penalty(old_logprobs, ref_logprobs, kl_penalty)``; ``ref_logprobs=None``
+    means no penalty. Masked tokens (padding, a multi-turn episode's observations) get nothing.
 
-    Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on padding.
+    Returns ``(token_rewards [B,T], kl [B,T])``, both 0 on masked tokens.
     """
     valid = response_mask.bool()
     if ref_logprobs is None:
@@ -26,6 +28,8 @@ def token_rewards(
     else:
         kl = torch.where(valid, kl_estimate(old_logprobs, ref_logprobs, kl_penalty), 0)
     rewards = -kl_coef * kl
+    if turn_rewards is not None:
+        rewards = rewards + torch.where(valid, turn_rewards.to(rewards.dtype), 0)
 
     positions = torch.arange(valid.shape[-1], device=valid.device)
     last = torch.where(valid, positions, -1).max(dim=-1).values

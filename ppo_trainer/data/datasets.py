@@ -12,10 +12,11 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from ppo_trainer.agents import Tool, allowed_tools, render_prompt_with_tools
 from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import arithmetic, digits
 from ppo_trainer.errors import InputError
@@ -89,22 +90,37 @@ AnswerCheck = Callable[[Any], None]  # raises ValueError for a ground truth the 
 
 
 def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True,
-                 check_answer: Optional[AnswerCheck] = None) -> list[PromptRecord]:
+                 check_answer: Optional[AnswerCheck] = None, tools: Sequence[Tool] = ()) -> list[PromptRecord]:
     """The prompts of `split` ("train" or "val"), source after source (`read_split`); DataError
     (one line) when they cannot be loaded. With `require_answer` (a configured reward reads the
     answers: `derived_settings.uses_ground_truth`) a row without an answer, or with a null one, is
     malformed; without, its ground truth is None. `check_answer` (the reward's own rule,
     `rewards.loader.answer_check`) refuses a ground truth the reward of `split` cannot read: a
-    malformed row too, found here rather than at the first scoring, after the models loaded."""
+    malformed row too, found here rather than at the first scoring, after the models loaded. `tools`
+    (sampler.multi_turn.tools) are offered in each prompt through the chat template, those a row's
+    extra_info.tools_kwargs allows (`agents.render_prompt_with_tools`)."""
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")
-    return [record for source in read_split(cfg, split)
-            for record in load_source(source, cfg, tokenizer, split, require_answer, check_answer)]
+    records = [record for source in read_split(cfg, split)
+               for record in load_source(source, cfg, tokenizer, split, require_answer, check_answer, tools)]
+    if tools and split == "train":
+        _say_where_tools_went(records, tokenizer, cfg, tools)
+    return records
+
+
+def _say_where_tools_went(records: Sequence[PromptRecord], tokenizer: Any, cfg: DataConfig,
+                          tools: Sequence[Tool]) -> None:
+    """One console line, once a run: whether the template shows the tools or the system message does."""
+    in_system = render_prompt_with_tools(tokenizer, [{"role": "user", "content": "?"}], list(tools),
+                                         dict(cfg.chat_template_kwargs))[1]
+    where = ("the model's chat template ignores `tools`: their schemas and the Hermes call format went into "
+             "each prompt's system message") if in_system else "the model's chat template shows them"
+    logger.info("tools: %s offered to %d training prompts; %s", ", ".join(t.name for t in tools), len(records), where)
 
 
 def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True,
-                check_answer: Optional[AnswerCheck] = None) -> list[PromptRecord]:
+                check_answer: Optional[AnswerCheck] = None, tools: Sequence[Tool] = ()) -> list[PromptRecord]:
     """The records of one source: rows parsed, checked and rendered (malformed ones per
     data.bad_rows), tokenized, prompts over data.max_prompt_length per data.overlong_prompts
     (counted per data_source). Values JSON cannot hold become text, said in one line."""
@@ -119,7 +135,11 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, 
             if check_answer is not None:
                 check_answer(parsed.ground_truth)
             turns = chat_messages(parsed.prompt, cfg)
-            text = render_prompt(turns, tokenizer, cfg.use_chat_template, dict(cfg.chat_template_kwargs))
+            if tools:
+                text = render_prompt_with_tools(tokenizer, turns, allowed_tools(list(tools), parsed.extra_info),
+                                                dict(cfg.chat_template_kwargs))[0]
+            else:
+                text = render_prompt(turns, tokenizer, cfg.use_chat_template, dict(cfg.chat_template_kwargs))
         except DataError:
             raise
         except ValueError as e:

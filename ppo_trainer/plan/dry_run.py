@@ -10,7 +10,15 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from ppo_trainer.config.derived import batch_arithmetic, critic_epochs, kl_in_reward, uses_critic, uses_reference
+from ppo_trainer.config.derived import (
+    batch_arithmetic,
+    critic_epochs,
+    is_multi_turn,
+    kl_in_reward,
+    response_tokens,
+    uses_critic,
+    uses_reference,
+)
 from ppo_trainer.config.secrets import mask_secrets, redact_url
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.dtypes import auto_dtype
@@ -36,6 +44,7 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
         f"reference: {reference}",
         f"critic:    {critic_summary(cfg)}",
         f"rollout:   sampler={s.name}, n={s.n}, temperature={s.temperature}, max_new_tokens={s.max_new_tokens}",
+        *multi_turn_lines(cfg),
         f"dtypes:    {dtype_summary(cfg)}",
         f"reward:    {reward_summary(cfg)}",
         f"gae:       gamma={g.gamma} lam={g.lam} kl_coef={g.kl_coef} ({g.kl_ctrl}, {g.kl_penalty})",
@@ -49,6 +58,19 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
     if problems:
         lines += ["", "# warnings (a real run stops on these)", *(f"WARNING: {p}" for p in problems)]
     return "\n".join(lines)
+
+
+def multi_turn_lines(cfg: DictConfig) -> list[str]:
+    """What a multi-turn rollout does (docs/multi-turn.md); none for a single-turn run."""
+    if not is_multi_turn(cfg):
+        return []
+    mt = cfg.sampler.multi_turn
+    answers = [f"environment {mt.env}"] if mt.env else []
+    answers += [f"tools {', '.join(mt.tools)}"] if mt.tools else []
+    return [f"turns:     up to {mt.max_turns} assistant turns of <= {cfg.sampler.max_new_tokens} tokens, answered by "
+            f"{' and '.join(answers)} (observations <= {mt.max_observation_tokens} tokens, each call <= "
+            f"{mt.tool_timeout_s:g} s); a response block of <= {response_tokens(cfg)} tokens, observations in the "
+            "context but out of every loss"]
 
 
 def algorithm_lines(cfg: DictConfig) -> list[str]:
