@@ -50,7 +50,7 @@ class Batch:
     | response_mask   | [B, T]    | 1 on the policy's response tokens, up to and including EOS;    |
     |                 |           | multi-turn: 0 on observation tokens (attended, out of every    |
     |                 |           | loss, KL, entropy and advantage)                               |
-    | old_logprobs    | [B, T]    | the sampler's logprobs of the policy's tokens, 0 elsewhere      |
+    | sample_logprobs | [B, T]    | the sampler's logprobs of the policy's tokens, 0 elsewhere     |
     | old_logprobs    | [B, T]    | the actor's logprobs before this step's update                 |
     | ref_logprobs    | [B, T]    | the reference policy's logprobs                                |
     | rollout_weights | [B, T]    | rollout correction weights on the policy loss (None: off)      |
