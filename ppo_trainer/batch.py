@@ -45,10 +45,12 @@ class Batch:
     | field           | shape     | meaning                                                        |
     |-----------------|-----------|----------------------------------------------------------------|
     | input_ids       | [B, P+T]  | prompt then response token ids (pad id in padding)             |
-    | attention_mask  | [B, P+T]  | 1 on real prompt and response tokens                           |
+    | attention_mask  | [B, P+T]  | 1 on real prompt and response tokens (observations included)   |
     | position_ids    | [B, P+T]  | positions counted from the first real prompt token             |
-    | response_mask   | [B, T]    | 1 on real response tokens, up to and including EOS             |
-    | sample_logprobs | [B, T]    | the sampler's logprobs of the response tokens                  |
+    | response_mask   | [B, T]    | 1 on the policy's response tokens, up to and including EOS;    |
+    |                 |           | multi-turn: 0 on observation tokens (attended, out of every    |
+    |                 |           | loss, KL, entropy and advantage)                               |
+    | sample_logprobs | [B, T]    | the sampler's logprobs of the policy's tokens, 0 elsewhere     |
     | old_logprobs    | [B, T]    | the actor's logprobs before this step's update                 |
     | ref_logprobs    | [B, T]    | the reference policy's logprobs                                |
     | rollout_weights | [B, T]    | rollout correction weights on the policy loss (None: off)      |
@@ -59,11 +61,18 @@ class Batch:
     |                 |           | gae.normalize_advantages)                                      |
     | returns         | [B, T]    | gae: the advantages before whitening + values: critic targets  |
     | truncated       | [B]       | True where the response hit max_new_tokens without EOS        |
+    |                 |           | (multi-turn: its last turn did, or the episode ran out of      |
+    |                 |           | multi_turn.max_response_tokens)                                |
     | positive        | [B]       | True on the responses the positive-example LM loss imitates    |
+    | turn_rewards    | [B, T]    | multi-turn: each turn's environment reward on that turn's last |
+    |                 |           | policy token, 0 elsewhere; None for single-turn rollouts       |
 
     Non-tensor fields are per-row lists (prompt_text: the prompt's display text; prompt_messages: its
     chat turns, which a reward model renders in its own template; ground_truth, data_source,
-    extra_info: its record's, as in the data); fields not yet computed are None. Each [B, P+T] or
+    extra_info: its record's, as in the data; episodes: multi-turn rollouts' per-row dicts, `turns`
+    [{"role": "assistant" | "tool" | "environment", "content": str}, ...], `num_turns`, `tool_calls`,
+    `tool_errors`, `tool_timeouts`, `observation_tokens`, `end` (env_done | no_tool_call | max_turns |
+    max_response_tokens), `extra_logs` {name: float}); fields not yet computed are None. Each [B, P+T] or
     [B, T] field names its column block in its metadata, which the reshaping methods follow.
     """
 
@@ -81,12 +90,14 @@ class Batch:
     returns: Optional[torch.Tensor] = _response()
     truncated: Optional[torch.Tensor] = None
     positive: Optional[torch.Tensor] = None
+    turn_rewards: Optional[torch.Tensor] = _response()
     prompt_text: Optional[list[str]] = None
     prompt_messages: Optional[list[list[dict[str, Any]]]] = None
     response_text: Optional[list[str]] = None
     ground_truth: Optional[list[Any]] = None
     data_source: Optional[list[str]] = None
     extra_info: Optional[list[Any]] = None
+    episodes: Optional[list[dict[str, Any]]] = None
     meta: dict[str, Any] = field(default_factory=dict)  # batch-level facts, e.g. {"pad_token_id": 0}
 
     def __len__(self) -> int:
@@ -154,6 +165,17 @@ class Batch:
                 out[name] = torch.nn.functional.pad(value, (0, extra), value=fill)
         return self.with_fields(**out)
 
+    def pad_prompts(self, width: int) -> "Batch":
+        """The prompt block left-padded to `width` columns: pad id in input_ids, 0 in the attention
+        mask and the positions (0, as on any left padding)."""
+        extra = width - self.prompt_length
+        if extra == 0:
+            return self
+        fill = {"pad_id": self.meta.get("pad_token_id", 0)}
+        return self.with_fields(**{name: torch.nn.functional.pad(getattr(self, name), (extra, 0),
+                                                                 value=fill.get(meta.get("pad"), 0))
+                                   for name, meta in self._blocks().items() if meta["block"] == "full"})
+
     def prompt_groups(self) -> list[list[int]]:
         """Row indices of the rows with identical prompts (a prompt's samples), as `prompt_groups`."""
         return prompt_groups(self.input_ids, self.attention_mask, self.prompt_length)
@@ -185,11 +207,11 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
-        """Rows of all batches, responses right-padded to the widest; prompts must have one width."""
-        if len({b.prompt_length for b in batches}) != 1:
-            raise ValueError("batches with different prompt widths; prompts must be padded once before splitting")
+        """Rows of all batches, prompts left-padded and responses right-padded to the widest (replicas'
+        prompt blocks differ where a multi-turn environment replaced some prompts)."""
+        prompt_width = max(b.prompt_length for b in batches)
         width = max(b.response_length for b in batches)
-        batches = [b.pad_responses(width) for b in batches]
+        batches = [b.pad_prompts(prompt_width).pad_responses(width) for b in batches]
         first = batches[0]
         out = {}
         for name in first._row_fields():

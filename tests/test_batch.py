@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from ppo_trainer.batch import Batch
@@ -30,9 +29,15 @@ def test_concat_right_pads_every_response_field_to_the_widest():
     assert merged.scores.tolist() == [1.0, 1.0, 1.0]
 
 
-def test_concat_refuses_different_prompt_widths():
-    other = rollout([1])  # 2 prompt columns
-    wide = Batch(input_ids=torch.ones(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.long),
-                 position_ids=torch.arange(4)[None], response_mask=torch.ones(1, 1, dtype=torch.long))
-    with pytest.raises(ValueError, match="prompt widths"):
-        Batch.concat([other, wide])
+def test_concat_left_pads_narrower_prompt_blocks_to_the_widest():
+    """A multi-turn environment may replace prompts, so replicas' prompt blocks can differ in width."""
+    narrow = rollout([1])  # 2 prompt columns
+    wide = Batch(input_ids=torch.full((1, 5), 6), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                 position_ids=torch.arange(5)[None], response_mask=torch.ones(1, 1, dtype=torch.long),
+                 sample_logprobs=torch.full((1, 1), -2.0), scores=torch.zeros(1), meta={"pad_token_id": 7})
+    merged = Batch.concat([narrow, wide])
+    assert merged.prompt_length == 4 and merged.response_length == 1
+    assert merged.input_ids.tolist() == [[7, 7, 5, 5, 5], [6, 6, 6, 6, 6]]
+    assert merged.attention_mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert merged.position_ids.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert merged.response_mask.tolist() == [[1], [1]] and merged.sample_logprobs.tolist() == [[-1.0], [-2.0]]

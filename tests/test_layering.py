@@ -14,7 +14,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("cli", "serve_reward", "sweep_report")),
     ("driver", ("trainer", "evaluate", "plan", "run.trainer_state")),
     ("workers", ("workers",)),
-    ("engines, samplers, rewards, data", ("engine", "rollout", "rewards", "data", "agents")),
+    ("engines, samplers, agents, rewards, data", ("engine", "rollout", "agents", "rewards", "data")),
     ("models", ("models",)),
     ("shared", ("config", "run", "batch", "dtypes", "tracking", "console", "errors")),
     ("core", ("core",)),

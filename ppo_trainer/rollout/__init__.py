@@ -8,18 +8,37 @@ from typing import Optional
 from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
+from ppo_trainer.rollout.multi_turn import (
+    MultiTurnSampler,
+    episodes_factory,
+    is_multi_turn,
+    multi_turn_metrics,
+    response_budget,
+)
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
 
-__all__ = ["HFSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available", "prompts_to_batch"]
+__all__ = ["HFSampler", "MultiTurnSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available",
+           "multi_turn_metrics", "prompts_to_batch"]
 
 
 def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bfloat16", seed: int = 0,
                   max_prompt_length: Optional[int] = None, colocate: bool = False, device: str = "cpu",
                   trust_remote_code: bool = False) -> Sampler:
-    """The `cfg.name` sampler on its own copy of `model_dir`. vllm: sleep mode when `colocate`;
-    `max_prompt_length + cfg.max_new_tokens` bounds its context unless `cfg.vllm.max_model_len` is set."""
+    """The `cfg.name` sampler on its own copy of `model_dir`, inside a `MultiTurnSampler` when an
+    environment or tools answer the policy (`cfg.multi_turn`). vllm: sleep mode when `colocate`;
+    `max_prompt_length` + the response block (cfg.max_new_tokens, or multi-turn the whole
+    `response_budget`) bounds its context unless `cfg.vllm.max_model_len` is set."""
+    multi_turn = is_multi_turn(cfg)
     if cfg.name == "hf":
-        return HFSampler(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype, device=device,
-                         trust_remote_code=trust_remote_code)
-    return VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, enable_sleep=colocate, trust_remote_code=trust_remote_code,
-                       max_model_len=None if max_prompt_length is None else max_prompt_length + cfg.max_new_tokens)
+        inner = HFSampler(model_dir, cfg, batch_size=cfg.generate_batch_size, dtype=dtype, device=device,
+                          trust_remote_code=trust_remote_code)
+        tokenizer = inner.tokenizer
+    else:
+        response = response_budget(cfg) if multi_turn else cfg.max_new_tokens
+        inner = VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, enable_sleep=colocate,
+                            trust_remote_code=trust_remote_code,
+                            max_model_len=None if max_prompt_length is None else max_prompt_length + response)
+        tokenizer = inner.llm.get_tokenizer()
+    if not multi_turn:
+        return inner
+    return MultiTurnSampler(inner, cfg, tokenizer, episodes_factory(cfg.multi_turn, tokenizer))

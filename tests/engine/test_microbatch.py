@@ -6,7 +6,7 @@ import torch
 from engine_cases import PROMPT_LENS, RESPONSE_LENS, random_batch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.engine.microbatch import global_counts, plan_micro_batches
+from ppo_trainer.engine.microbatch import global_counts, micro_batch_units, plan_micro_batches
 
 
 def planned_rows(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
@@ -95,3 +95,16 @@ def test_deal_keeps_a_prompts_rows_in_one_share_while_every_share_gets_one():
         assert sorted(sum(shares, [])) == list(range(len(batch)))
         assert all(len(s) % 2 == 0 and all(i + 1 in s for i in s if i % 2 == 0) for s in shares)
     assert all(len(s) == 1 for s in batch.deal(8))  # more shares than prompts: rows are dealt alone
+
+
+def test_observation_tokens_count_in_a_forwards_cost_and_width_but_not_in_the_loss_counts():
+    """A multi-turn row's observations (response_mask 0, attention 1) are computed, never trained:
+    the micro-batch budget and trimming see them, the loss denominators do not."""
+    batch = random_batch([3, 3], [6, 2], samples=2)
+    gap = torch.tensor([[1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 0, 0]])  # row 0 ends on an observation
+    batch = batch.with_fields(response_mask=gap)
+    assert batch.row_extents()[1].tolist() == [6, 2]
+    assert batch.trim_padding().response_length == 6
+    assert global_counts(batch).tokens == 4
+    assert micro_batch_units(batch, share_prompts=True)[1]([0, 1]) == 3 + 6 + 2  # one packed row
+    assert planned_rows(batch, 2 * (3 + 6)) == [[0, 1]] and planned_rows(batch, 2 * (3 + 6) - 1) == [[0], [1]]

@@ -30,10 +30,11 @@ LEAKY_GENERATION_CONFIG = dict(
 
 
 def sampler_config(**overrides) -> SamplerConfig:
-    """Float32-friendly test settings: short responses, a small CPU KV cache, eager engine."""
+    """Float32-friendly test settings: short responses, a small CPU KV cache, eager engine; contexts
+    of up to 320 tokens (more than two of the CPU build's 128-token KV blocks, for prefix caching)."""
     base = SamplerConfig(
         max_new_tokens=MAX_NEW_TOKENS,
-        vllm=VllmConfig(max_model_len=128, enforce_eager=True, kv_cache_gb=0.0625),
+        vllm=VllmConfig(max_model_len=320, enforce_eager=True, kv_cache_gb=0.0625),
     )
     return dataclasses.replace(base, **overrides)
 

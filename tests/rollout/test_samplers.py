@@ -7,6 +7,7 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.rollout import HFSampler, prompts_to_batch
+from ppo_trainer.rollout.base import RowSampling, prompt_token_lists
 
 from .conftest import MAX_NEW_TOKENS, load_model, reference_logprobs, sampler_config, with_leaky_generation_config
 
@@ -230,3 +231,34 @@ def test_the_vllm_sampler_ignores_the_models_generation_config(vllm_sampler, eos
     assert out.response_length > 2
     mask = out.response_mask.bool()
     assert (policy_logprobs(eos_model_dir, out, 0.9)[mask] - out.sample_logprobs[mask]).abs().max() < 1e-4
+
+
+def test_complete_continues_each_context_under_its_own_settings_and_seed(sampler, prompts, eos_model_dir):
+    """Rows of different budgets and temperatures in one call: each within its budget, its logprobs
+    those of a forward at its temperature, the same seeds the same tokens; greedy is generate's greedy."""
+    contexts = prompt_token_lists(prompts) * 2
+    settings = [RowSampling(3), RowSampling(5, temperature=0.5), RowSampling(3, top_k=4)] * 2
+    seeds = [7, 8, 9, 10, 11, 12]
+    done = sampler.complete(contexts, seeds, settings)
+    assert [c.token_ids for c in sampler.complete(contexts, seeds, settings)] == [c.token_ids for c in done]
+    model = load_model(eos_model_dir)
+    for context, setting, c in zip(contexts, settings, done):
+        assert 1 <= len(c.token_ids) <= setting.max_new_tokens and len(c.logprobs) == len(c.token_ids)
+        assert c.stopped == (c.token_ids[-1] == model.config.eos_token_id)
+        with torch.no_grad():
+            logits = model(torch.tensor([context + c.token_ids])).logits[0, len(context) - 1 : -1]
+        logits = logits / (setting.temperature or sampler.cfg.temperature)
+        if setting.top_k:
+            logits = logits.masked_fill(logits < logits.topk(setting.top_k, dim=-1).values[:, -1:], float("-inf"))
+        expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+        assert (expected - torch.tensor(c.logprobs)).abs().max() < 1e-4
+    greedy = sampler.complete(contexts[:3], [0, 1, 2], [RowSampling(MAX_NEW_TOKENS)] * 3, greedy=True)
+    out = sampler.generate(prompts, 1, seed=0, greedy=True)
+    assert [c.token_ids for c in greedy] == [out.response_ids[r, : int(out.response_mask[r].sum())].tolist()
+                                             for r in range(3)]
+
+
+def test_hf_complete_leaves_the_global_rng_untouched(hf_eos_sampler, prompts):
+    state = torch.random.get_rng_state()
+    hf_eos_sampler.complete(prompt_token_lists(prompts), [1, 2, 3], [RowSampling(4)] * 3)
+    assert torch.equal(torch.random.get_rng_state(), state)
