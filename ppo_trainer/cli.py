@@ -444,7 +444,8 @@ def run_eval(overrides: list[str]) -> list[dict[str, Any]]:
                 log.info("eval: %s with %s", decoding, "vLLM" if name == "vllm" else "Hugging Face generate")
                 sampler = build_sampler(sampler_cfg, model_dir, dtype=cfg.model.dtype,
                                         max_prompt_length=max(len(r.prompt_ids) for r in records),
-                                        trust_remote_code=cfg.model.trust_remote_code)
+                                        trust_remote_code=cfg.model.trust_remote_code,
+                                        chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
                 start = time.perf_counter()
                 try:
                     result = evaluate_records(lambda batch, seed: sampler.generate(batch, n, seed=seed, **sampling),

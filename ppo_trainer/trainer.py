@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ppo_trainer.agents import load_multi_turn
 from ppo_trainer.batch import Batch
-from ppo_trainer.config.derived import kl_in_reward, response_tokens, uses_ground_truth, uses_reference
+from ppo_trainer.config.derived import kl_in_reward, response_budget, uses_ground_truth, uses_reference
 from ppo_trainer.config.paths import absolute_paths
 from ppo_trainer.config.trust import code_overrides
 from ppo_trainer.console import console_stream, run_summary
@@ -241,7 +241,7 @@ class Trainer:
                 scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
                 metrics.update(reward_metrics(scores, cfg.reward))
                 shaped = torch.tensor(scores.values, dtype=torch.float64)  # training only: validation is unshaped
-                for name, penalty in shaping.penalties(batch.truncated, batch.row_extents()[1], response_tokens(cfg),
+                for name, penalty in shaping.penalties(batch.truncated, batch.row_extents()[1], response_budget(cfg.sampler),
                                                        cfg.reward).items():
                     shaped = shaped - penalty
                     metrics[f"reward/{name}"] = penalty.mean().item()

@@ -4,7 +4,7 @@ sequences, mini-batches and optimizer steps). The one place each is decided."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
@@ -38,19 +38,20 @@ def trained_roles(cfg: DictConfig) -> tuple[str, ...]:
     return ("actor", "critic") if uses_critic(cfg) else ("actor",)
 
 
-def is_multi_turn(cfg: DictConfig) -> bool:
-    """Whether rollouts are multi-turn: an environment or tools answer the policy (docs/multi-turn.md)."""
-    mt = cfg.sampler.multi_turn
+def is_multi_turn(sampler: Any) -> bool:
+    """Whether rollouts are multi-turn: an environment or tools answer the policy (docs/multi-turn.md).
+    `sampler`: the config's sampler section."""
+    mt = sampler.multi_turn
     return mt.env is not None or len(mt.tools) > 0
 
 
-def response_tokens(cfg: DictConfig, max_new_tokens: Optional[int] = None) -> int:
+def response_budget(sampler: Any, max_new_tokens: Optional[int] = None) -> int:
     """The longest response block in tokens with `max_new_tokens` per turn (None: sampler.max_new_tokens;
     validation's is eval.max_new_tokens): that, or a multi-turn episode's sampler.multi_turn.max_response_tokens
-    (None: max_turns x (max_new_tokens + max_observation_tokens))."""
-    mt = cfg.sampler.multi_turn
-    per_turn = cfg.sampler.max_new_tokens if max_new_tokens is None else max_new_tokens
-    if not is_multi_turn(cfg):
+    (None: max_turns x (max_new_tokens + max_observation_tokens)). `sampler`: the config's sampler section."""
+    mt = sampler.multi_turn
+    per_turn = sampler.max_new_tokens if max_new_tokens is None else max_new_tokens
+    if not is_multi_turn(sampler):
         return per_turn
     return mt.max_response_tokens or mt.max_turns * (per_turn + mt.max_observation_tokens)
 
@@ -66,7 +67,7 @@ def batch_arithmetic(cfg: DictConfig) -> dict[str, int]:
         "mini_batches_per_epoch": mini_batches,
         "optimizer_steps_per_ppo_step": mini_batches * a.ppo_epochs,
         "critic_optimizer_steps_per_ppo_step": mini_batches * critic_epochs(cfg),
-        "max_tokens_per_sequence": cfg.data.max_prompt_length + response_tokens(cfg),
+        "max_tokens_per_sequence": cfg.data.max_prompt_length + response_budget(cfg.sampler),
         "micro_batch_token_budget": a.ppo_micro_batch_tokens,
     }
 

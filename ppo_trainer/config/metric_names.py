@@ -69,7 +69,7 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names |= {"reward/model/std", "perf/reward_model/max_memory_allocated_gb"}
     if cfg.gae.kl_ctrl == "adaptive":
         names.add("kl_ctrl/skipped_updates")
-    if is_multi_turn(cfg):
+    if is_multi_turn(cfg.sampler):
         names |= set(MULTI_TURN)
     return names
 

@@ -127,7 +127,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     sizes = batch_arithmetic(cfg)
     seq_tokens = sizes["max_tokens_per_sequence"]
     response = ("sampler.multi_turn's response budget (max_response_tokens, or max_turns x (sampler.max_new_tokens + "
-                "max_observation_tokens))" if is_multi_turn(cfg) else "sampler.max_new_tokens")
+                "max_observation_tokens))" if is_multi_turn(s) else "sampler.max_new_tokens")
     _require(s.vllm.max_model_len is None or s.vllm.max_model_len >= seq_tokens, "sampler.vllm.max_model_len",
              f"must be >= data.max_prompt_length + {response} = {seq_tokens}")
     _require(a.ppo_micro_batch_tokens >= seq_tokens, "algorithm.ppo_micro_batch_tokens",

@@ -15,7 +15,7 @@ from ppo_trainer.config.derived import (
     critic_epochs,
     is_multi_turn,
     kl_in_reward,
-    response_tokens,
+    response_budget,
     uses_critic,
     uses_reference,
 )
@@ -62,14 +62,14 @@ def describe_plan(cfg: DictConfig, problems: list[str]) -> str:
 
 def multi_turn_lines(cfg: DictConfig) -> list[str]:
     """What a multi-turn rollout does (docs/multi-turn.md); none for a single-turn run."""
-    if not is_multi_turn(cfg):
+    if not is_multi_turn(cfg.sampler):
         return []
     mt = cfg.sampler.multi_turn
     answers = [f"environment {mt.env}"] if mt.env else []
     answers += [f"tools {', '.join(mt.tools)}"] if mt.tools else []
     return [f"turns:     up to {mt.max_turns} assistant turns of <= {cfg.sampler.max_new_tokens} tokens, answered by "
             f"{' and '.join(answers)} (observations <= {mt.max_observation_tokens} tokens, each call <= "
-            f"{mt.tool_timeout_s:g} s); a response block of <= {response_tokens(cfg)} tokens, observations in the "
+            f"{mt.tool_timeout_s:g} s); a response block of <= {response_budget(cfg.sampler)} tokens, observations in the "
             "context but out of every loss"]
 
 

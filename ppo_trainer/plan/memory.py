@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ppo_trainer.config.derived import response_tokens, uses_critic
+from ppo_trainer.config.derived import response_budget, uses_critic
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -141,7 +141,7 @@ def trainer_line(role: str, cfg: Any, dims: Dims, ranks: int, lora_rank: int) ->
     side = cfg.model if role == "actor" else cfg.critic
     b = compute_bytes(cfg, "model" if role == "actor" else "critic")
     a = cfg.algorithm
-    sequence = cfg.data.max_prompt_length + cfg.sampler.n * response_tokens(cfg)  # a packed row at most
+    sequence = cfg.data.max_prompt_length + cfg.sampler.n * response_budget(cfg.sampler)  # a packed row at most
     activations = activation_bytes(dims, a.ppo_micro_batch_tokens, sequence, b, side.gradient_checkpointing,
                                    cfg.model.attn_implementation)
     gathered = b * (dims.embedding_params + dims.layer_params)  # FSDP: the root and one layer unsharded at a time
@@ -180,7 +180,7 @@ def rollout_line(cfg: Any, dims: Dims, device_bytes: Optional[float]) -> Line:
     on_cpu = cfg.devices.accelerator == "cpu"
     weights = b * dims.params / tp * (2 if s.name == "vllm" and on_cpu else 1)
     per_token = 2 * dims.layers * dims.kv_heads * dims.head_dim * b / tp
-    sequence = cfg.data.max_prompt_length + max(response_tokens(cfg), response_tokens(cfg, cfg.eval.max_new_tokens))
+    sequence = cfg.data.max_prompt_length + max(response_budget(s), response_budget(s, cfg.eval.max_new_tokens))
     sequences = s.generate_batch_size if s.name == "hf" else cfg.data.train_batch_size * s.n
     needed = per_token * sequence * sequences
     if s.name == "hf":

@@ -5,16 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ppo_trainer.config.derived import is_multi_turn, response_budget
 from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.rollout.base import Sampler, prompts_to_batch
 from ppo_trainer.rollout.hf import HFSampler
-from ppo_trainer.rollout.multi_turn import (
-    MultiTurnSampler,
-    episodes_factory,
-    is_multi_turn,
-    multi_turn_metrics,
-    response_budget,
-)
+from ppo_trainer.rollout.multi_turn import MultiTurnSampler, episodes_factory, multi_turn_metrics
 from ppo_trainer.rollout.vllm import VllmSampler, check_vllm_available
 
 __all__ = ["HFSampler", "MultiTurnSampler", "Sampler", "VllmSampler", "build_sampler", "check_vllm_available",
@@ -23,7 +18,7 @@ __all__ = ["HFSampler", "MultiTurnSampler", "Sampler", "VllmSampler", "build_sam
 
 def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bfloat16", seed: int = 0,
                   max_prompt_length: Optional[int] = None, colocate: bool = False, device: str = "cpu",
-                  trust_remote_code: bool = False) -> Sampler:
+                  trust_remote_code: bool = False, chat_template_kwargs: Optional[dict] = None) -> Sampler:
     """The `cfg.name` sampler on its own copy of `model_dir`, inside a `MultiTurnSampler` when an
     environment or tools answer the policy (`cfg.multi_turn`). vllm: sleep mode when `colocate`;
     `max_prompt_length` + the response block (cfg.max_new_tokens, or multi-turn the whole
@@ -34,11 +29,11 @@ def build_sampler(cfg: SamplerConfig, model_dir: str | Path, *, dtype: str = "bf
                           trust_remote_code=trust_remote_code)
         tokenizer = inner.tokenizer
     else:
-        response = response_budget(cfg) if multi_turn else cfg.max_new_tokens
+        response = response_budget(cfg)
         inner = VllmSampler(model_dir, cfg, dtype=dtype, seed=seed, enable_sleep=colocate,
                             trust_remote_code=trust_remote_code,
                             max_model_len=None if max_prompt_length is None else max_prompt_length + response)
         tokenizer = inner.llm.get_tokenizer()
     if not multi_turn:
         return inner
-    return MultiTurnSampler(inner, cfg, tokenizer, episodes_factory(cfg.multi_turn, tokenizer))
+    return MultiTurnSampler(inner, cfg, tokenizer, episodes_factory(cfg, tokenizer, chat_template_kwargs))

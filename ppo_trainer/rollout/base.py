@@ -77,7 +77,10 @@ class Sampler(Protocol):
 
 
 class ContinuingSampler(Sampler, Protocol):
-    """A sampler that also continues given token contexts, one request per context (multi-turn turns)."""
+    """A sampler that also continues given token contexts, one request per context (multi-turn turns).
+    `eos_ids`: the token ids that end a response (the tokenizer's and the model's generation EOS)."""
+
+    eos_ids: list[int]
 
     def complete(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], settings: Sequence[RowSampling],
                  greedy: bool = False) -> list[Completion]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import torch
 
 from ppo_trainer.batch import Batch
+from ppo_trainer.config.derived import response_budget
 from ppo_trainer.config.schema import MultiTurnConfig, SamplerConfig
 from ppo_trainer.rollout.base import (
     Completion,
@@ -42,19 +43,7 @@ from ppo_trainer.rollout.base import (
 if TYPE_CHECKING:
     from ppo_trainer.agents import Episodes, TurnOutcome
 
-END_REASONS = ("env_done", "no_tool_call", "max_turns", "max_response_tokens")
-
-
-def response_budget(cfg: SamplerConfig, max_new_tokens: Optional[int] = None) -> int:
-    """Tokens of one episode's response block: `multi_turn.max_response_tokens`, else max_turns x
-    (the per-turn budget, `max_new_tokens` or the sampler's, + max_observation_tokens)."""
-    m = cfg.multi_turn
-    return m.max_response_tokens or m.max_turns * ((max_new_tokens or cfg.max_new_tokens) + m.max_observation_tokens)
-
-
-def is_multi_turn(cfg: SamplerConfig) -> bool:
-    """Whether rollouts are multi-turn: an environment or tools answer the policy."""
-    return cfg.multi_turn.env is not None or bool(cfg.multi_turn.tools)
+END_REASONS = ("env_done", "no_tool_call", "env_error", "max_turns", "max_response_tokens")
 
 
 @dataclass
@@ -171,6 +160,8 @@ class MultiTurnSampler:
         self.tokenizer = tokenizer
         self.new_episodes = new_episodes
         self.pad_id = inner.pad_id
+        # the ids that close an assistant turn; a turn cut short gets its closing token with the tool turn
+        self.eos_ids = set(inner.eos_ids)
 
     def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
                  max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
@@ -195,7 +186,8 @@ class MultiTurnSampler:
                                               greedy)
                 # the environment sees the text before the action, chat markup included (OpenRLHF's observation)
                 outcomes = envs.step(running, [a.text for a in actions],
-                                     [self.tokenizer.decode(c, skip_special_tokens=False) for c in contexts])
+                                     [self.tokenizer.decode(c, skip_special_tokens=False) for c in contexts],
+                                     closed=[bool(a.token_ids) and a.token_ids[-1] in self.eos_ids for a in actions])
                 for r, action, outcome in zip(running, actions, outcomes):
                     episodes[r].add_turn(action, outcome, turn + 1 == max_turns, budget, self._decode)
         finally:
@@ -216,8 +208,9 @@ class MultiTurnSampler:
                 if not prompt:
                     raise ValueError(f"sampler.multi_turn.env: reset returned an empty prompt for row {row}; "
                                      "return None to keep the data's prompt")
+            failed = outcome.error is not None  # building or resetting the environment: one error or one timeout
             episodes.append(Episode(list(prompt), outcome.observation is not None,
-                                    tool_errors=outcome.tool_errors, tool_timeouts=outcome.tool_timeouts))
+                                    tool_errors=int(failed and not outcome.timeout), tool_timeouts=int(outcome.timeout)))
         return episodes
 
     def _decode(self, ids: list[int]) -> str:
@@ -236,14 +229,18 @@ class MultiTurnSampler:
         self.inner.wake()
 
 
-def episodes_factory(cfg: MultiTurnConfig, tokenizer: Any) -> Callable[[], "Episodes"]:
+def episodes_factory(cfg: SamplerConfig, tokenizer: Any,
+                     chat_template_kwargs: Optional[dict] = None) -> Callable[[], "Episodes"]:
     """A builder of one batch's `agents.Episodes`, the environment class and tools loaded once, now
-    (a bad reference fails at start, naming its key)."""
-    from ppo_trainer.agents import Episodes, load_environment, load_tools
+    (a bad reference fails at start, naming its key). The environment's `sampling_params` start as
+    the sampler's; tool turns render with `chat_template_kwargs` (data.chat_template_kwargs), as the
+    prompts did."""
+    from ppo_trainer.agents import Episodes, load_multi_turn
 
-    env_cls = None if cfg.env is None else load_environment(cfg.env)
-    tools = load_tools(list(cfg.tools))
-    return lambda: Episodes(cfg, tokenizer, env_cls, tools)
+    env_cls, tools = load_multi_turn(cfg.multi_turn, tokenizer, chat_template_kwargs)
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "max_tokens": cfg.max_new_tokens}
+    return lambda: Episodes(cfg.multi_turn, tokenizer, env_cls, tools, sampling_params=sampling,
+                            chat_template_kwargs=chat_template_kwargs)
 
 
 def multi_turn_metrics(batch: Batch) -> dict[str, float]:

@@ -29,6 +29,17 @@ def check_vllm_available() -> Optional[str]:
     return None
 
 
+def generation_eos_ids(model_dir: str | Path, tokenizer: Any) -> list[int]:
+    """The ids that end a response as vLLM reads them: the tokenizer's EOS and the eos_token_id of the
+    folder's generation_config.json (one id or a list), when it has one."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    config = Path(model_dir) / "generation_config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("eos_token_id")
+        ids += value if isinstance(value, list) else [] if value is None else [value]
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
 class WeightSyncExtension:
     """vLLM's `worker_extension_cls`: methods run inside each vLLM worker (`self` is the worker),
     called through `LLM.collective_rpc`."""
@@ -119,6 +130,7 @@ class VllmSampler:
             torch.set_num_threads = set_num_threads
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = generation_eos_ids(model_dir, tokenizer)
 
     def sleep(self) -> None:
         """Offload the weights to host memory and drop the KV cache (level 1); a no-op without sleep mode."""

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
-from ppo_trainer.config.derived import batch_arithmetic, optimizer_steps, uses_reference
+from ppo_trainer.config.derived import batch_arithmetic, optimizer_steps, response_budget, uses_reference
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.engine.reward_model import RewardModelEngine
@@ -58,9 +58,11 @@ def build_rollout(cfg: DictConfig, device: str) -> Sampler:
     s = cfg.sampler
     return build_sampler(
         s, resolve_model_path(cfg.model.path), dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-        # room for validation's responses too (eval.max_new_tokens may exceed the sampler's)
-        max_prompt_length=cfg.data.max_prompt_length + max(0, cfg.eval.max_new_tokens - s.max_new_tokens),
+        # room for validation's responses too (eval.max_new_tokens per turn may exceed the sampler's)
+        max_prompt_length=cfg.data.max_prompt_length + max(0, response_budget(s, cfg.eval.max_new_tokens)
+                                                            - response_budget(s)),
         colocate=cfg.devices.colocate, device=device, trust_remote_code=cfg.model.trust_remote_code,
+        chat_template_kwargs=dict(cfg.data.chat_template_kwargs),
     )
 
 

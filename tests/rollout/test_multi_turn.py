@@ -41,8 +41,8 @@ class Reset:
     """A stand-in for `agents.ResetOutcome`."""
 
     observation: Optional[str] = None
-    tool_errors: int = 0
-    tool_timeouts: int = 0
+    error: Optional[str] = None
+    timeout: bool = False
 
 
 class ScriptedEpisodes:
@@ -60,8 +60,9 @@ class ScriptedEpisodes:
         self.reset_calls.append((prompts, labels, data_sources, extra_infos))
         return self.resets or [Reset() for _ in prompts]
 
-    def step(self, indices, action_texts, observation_texts):
+    def step(self, indices, action_texts, observation_texts, closed=None):
         self.step_calls.append((list(indices), list(action_texts), list(observation_texts)))
+        self.closed_calls = getattr(self, "closed_calls", []) + [list(closed or [])]
         turns = []
         for row, text in zip(indices, action_texts):
             turn = self.turn_of.get(row, 0)
@@ -79,6 +80,7 @@ class ScriptedSampler:
 
     ACTION_TOKENS = [60, 61, 2]
     pad_id = 2
+    eos_ids = [2]
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -231,7 +233,8 @@ def test_episodes_that_end_early_stop_generating_while_the_others_go_on():
     assert metrics == {
         "num_turns/mean": 2.0, "num_turns/max": 3.0, "num_turns/min": 1.0, "multi_turn/tool_calls/mean": 3.0,
         "multi_turn/tool_errors": 3.0, "multi_turn/tool_timeouts": 3.0, "multi_turn/observation_tokens/mean": 2.0,
-        "multi_turn/end/env_done": 0.0, "multi_turn/end/no_tool_call": 0.5, "multi_turn/end/max_turns": 0.5,
+        "multi_turn/end/env_done": 0.0, "multi_turn/end/no_tool_call": 0.5, "multi_turn/end/env_error": 0.0,
+        "multi_turn/end/max_turns": 0.5,
         "multi_turn/end/max_response_tokens": 0.0, "multi_turn/env/score": 2.0}
 
 
@@ -248,7 +251,7 @@ def test_the_environments_sampling_params_set_the_next_turn_and_greedy_reaches_t
 
 
 def test_a_reset_that_returns_text_replaces_that_rows_prompt():
-    resets = [Reset("ABCDE", tool_errors=1), Reset()]
+    resets = [Reset("ABCDE", error="reset raised"), Reset()]
     inner = ScriptedSampler()
     sampler, _ = multi_turn(answer_then_finish, resets=resets, inner=inner)
     out = sampler.generate(two_prompts(), 1, seed=0)
@@ -342,13 +345,14 @@ def test_build_sampler_wraps_the_engine_when_an_environment_or_tools_answer(tiny
     import ppo_trainer.rollout as rollout
 
     made = []
-    monkeypatch.setattr(rollout, "episodes_factory", lambda cfg, tokenizer: made.append((cfg, tokenizer)) or list)
+    monkeypatch.setattr(rollout, "episodes_factory",
+                        lambda cfg, tokenizer, chat_template_kwargs=None: made.append((cfg, tokenizer)) or list)
     plain = rollout.build_sampler(sampler_config(name="hf"), tiny_model_dir)
     assert isinstance(plain, HFSampler) and made == []
     cfg = sampler_config(name="hf", multi_turn=MultiTurnConfig(env="envs.py:Game"))
     wrapped = rollout.build_sampler(cfg, tiny_model_dir)
     assert isinstance(wrapped, MultiTurnSampler) and isinstance(wrapped.inner, HFSampler)
-    assert made == [(cfg.multi_turn, wrapped.inner.tokenizer)] and wrapped.tokenizer is wrapped.inner.tokenizer
+    assert made == [(cfg, wrapped.inner.tokenizer)] and wrapped.tokenizer is wrapped.inner.tokenizer
 
 
 def test_a_multi_turn_vllm_engine_holds_the_prompt_and_the_whole_response_block(monkeypatch):
@@ -356,14 +360,14 @@ def test_a_multi_turn_vllm_engine_holds_the_prompt_and_the_whole_response_block(
 
     class Engine:
         def __init__(self, model_dir, cfg, **kwargs):
-            self.max_model_len, self.pad_id = kwargs["max_model_len"], 0
+            self.max_model_len, self.pad_id, self.eos_ids = kwargs["max_model_len"], 0, [0]
             self.llm = self
 
         def get_tokenizer(self):
             return "tokenizer"
 
     monkeypatch.setattr(rollout, "VllmSampler", Engine)
-    monkeypatch.setattr(rollout, "episodes_factory", lambda cfg, tokenizer: list)
+    monkeypatch.setattr(rollout, "episodes_factory", lambda cfg, tokenizer, chat_template_kwargs=None: list)
     cfg = sampler_config(name="vllm", max_new_tokens=10,
                          multi_turn=MultiTurnConfig(tools=["calculator"], max_turns=2, max_observation_tokens=5))
     sampler = rollout.build_sampler(cfg, "model", max_prompt_length=50)
