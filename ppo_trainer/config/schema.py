@@ -312,10 +312,11 @@ class ArithmeticConfig:  # the built-in generator of easy GSM8K-format word prob
 
 @dataclass
 class DigitsConfig:  # tasks for the tiny model with data.source=digits (data/digits.py)
-    # reverse (a digit string backwards) | sum (two digits, one-digit sum)
-    task: str = field(default="reverse", metadata=choice("reverse", "sum"))
+    # reverse (a digit string backwards) | sum (two digits, one-digit sum) | reveal (a hidden digit that
+    # the environment ppo_trainer.agents.tasks:RevealDigit shows after a wrong first guess: multi-turn)
+    task: str = field(default="reverse", metadata=choice("reverse", "sum", "reveal"))
     min_length: int = field(default=1, metadata=at_least(1))  # reverse: training strings have min_length..length digits
-    # reverse: digits of the validation strings (held out from training)
+    # reverse: digits of the validation strings (held out from training); reveal: of the prompt's noise
     length: int = field(default=3, metadata=at_least(1))
     train_size: int = field(default=3000, metadata=at_least(1))  # training rows (one epoch of the prompt loader)
     # reverse: distinct held-out strings; sum: validation is all 55 pairs

@@ -104,7 +104,8 @@ def compute(
                                           algorithm.norm_adv_by_std_in_grpo)
         critic_metrics = {}
     metrics = {
-        "critic/score/mean": scores.mean().item(),
+        # the sequence's whole score: a multi-turn episode's environment rewards count (verl's meaning)
+        "critic/score/mean": (scores if turn_rewards is None else scores + turn_rewards.sum(dim=1)).mean().item(),
         "critic/rewards/mean": (rewards * mask).sum(dim=1).mean().item(),
         "critic/advantages/mean": masked_mean(advantages, mask).item(),
         "critic/returns/mean": masked_mean(returns, mask).item(),

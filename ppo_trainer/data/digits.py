@@ -7,6 +7,10 @@ small proofs that PPO learns (docs/learning.md). A question is the whole prompt 
 - `reverse`: "123=" -> "321". Training strings have `min_length`..`length` digits: a random policy
   echoes one digit with probability ~0.01 (three: ~1e-6), and the short strings teach the long
   ones. Validation holds distinct strings of `length` digits that training never shows.
+- `reveal`: "123?" -> a digit drawn apart from the prompt's `length` noise digits, so no single turn
+  finds it more often than a guess (1 in 10); the environment `agents.tasks.RevealDigit` shows it
+  after a wrong first guess ("no:7="), and the second turn can copy it: multi-turn (docs/multi-turn.md).
+  Validation: distinct noise strings training never shows.
 """
 
 from __future__ import annotations
@@ -32,6 +36,14 @@ def generate_rows(cfg: DigitsConfig, split: str) -> list[dict[str, str]]:
             a = rng.randint(0, total)
             rows.append({"question": f"{a}+{total - a}=", "answer": str(total)})
         return rows
+
+    if cfg.task == "reveal":
+        def draw_hidden(rng: random.Random) -> tuple[str, dict[str, str], bool]:
+            question = "".join(rng.choice("0123456789") for _ in range(cfg.length)) + "?"
+            return question, {"question": question, "answer": rng.choice("0123456789")}, in_val_pool(question)
+
+        return draw_split(draw_hidden, cfg, split, "digits", f"distinct noise strings of {cfg.length} digits",
+                          "length")
 
     def draw(rng: random.Random) -> tuple[str, dict[str, str], bool]:
         length = cfg.length if want_val else rng.randint(cfg.min_length, cfg.length)

@@ -159,6 +159,8 @@ def reward_summary(cfg: DictConfig) -> str:
     if r.remote.url:
         parts.append(f"{r.remote.coef:g} x reward server {redact_url(r.remote.url)}"
                      + (" (normalised)" if r.remote.normalize else ""))
+    if cfg.sampler.multi_turn.env:
+        parts.append("the environment's rewards, on their turns")
     validation = cfg.eval.reward_fn or r.fn
     return " + ".join(parts) + f"; validation accuracy by {validation or 'the training score (no reward function)'}"
 

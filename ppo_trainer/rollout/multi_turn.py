@@ -96,7 +96,9 @@ class Episode:
         self.logprobs += action.logprobs
         self.rewards.append((len(self.ids) - 1, outcome.reward))
         self.texts.append(action.text)
-        self.turns += [{"role": "assistant", "content": action.text}, *outcome.messages]
+        # the records: each action with its reward, then what answered it (an empty answer left out)
+        self.turns += [{"role": "assistant", "content": action.text, "reward": outcome.reward},
+                       *(m for m in outcome.messages if m.get("content"))]
         self.num_turns += 1
         self.last_stopped = action.stopped
         self.tool_calls += outcome.tool_calls

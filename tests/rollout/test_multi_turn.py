@@ -147,8 +147,8 @@ def test_actions_and_observations_share_one_response_block_with_observations_out
     assert out.truncated.tolist() == [False, False]
     assert out.response_text == ["aaa()aaa"] * 2  # the whole block, observations decoded
     assert out.episodes[1] == {
-        "turns": [{"role": "assistant", "content": "aaa"}, {"role": "tool", "content": "()"},
-                  {"role": "assistant", "content": "aaa"}, {"role": "environment", "content": "ok"}],
+        "turns": [{"role": "assistant", "content": "aaa", "reward": 0.5}, {"role": "tool", "content": "()"},
+                  {"role": "assistant", "content": "aaa", "reward": 1.0}, {"role": "environment", "content": "ok"}],
         "num_turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0, "observation_tokens": 2,
         "end": "env_done", "extra_logs": {"hits": 1.0}}
     assert out.ground_truth == ["g0", "g1"] and episodes.closed
