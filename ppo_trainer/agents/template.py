@@ -56,7 +56,8 @@ def with_tools_system(messages: list[dict], schemas: list[dict]) -> list[dict]:
     """`messages` with `tools_system_text` ending the system turn (a new first turn if there is none)."""
     section = tools_system_text(schemas)
     if messages and messages[0]["role"] == "system":
-        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{section}"}, *messages[1:]]
+        own = messages[0]["content"]
+        return [{**messages[0], "content": f"{own}\n\n{section}" if own.strip() else section}, *messages[1:]]
     return [{"role": "system", "content": section}, *messages]
 
 

@@ -30,6 +30,8 @@ VARIANTS = {
     "a reward model and mis": ["reward.model.path=random:tiny-reward", "algorithm.rollout_correction=mis",
                                "trainer.total_steps=1"],
     "critic-free (grpo)": ["algorithm.adv_estimator=grpo", "trainer.total_steps=1"],
+    "multi-turn (an environment)": ["sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit",
+                                    "trainer.total_steps=1"],
 }
 
 
@@ -90,7 +92,8 @@ def test_every_name_docs_metrics_lists_is_logged_by_a_smoke_run_or_in_the_catalo
 def test_the_docs_patterns_read_as_the_catalogues():
     _, patterns = documented()
     for name in ("val/gsm8k/accuracy", "val/openai/gsm8k/score/mean", "val/accuracy/pass@4", "val/a/accuracy/mean@2",
-                 "reward/acc/mean", "reward/remote/mean", "reward/remote/format/mean"):
+                 "reward/acc/mean", "reward/remote/mean", "reward/remote/format/mean", "multi_turn/end/env_done",
+                 "multi_turn/env/solved_at_first_turn"):
         assert any(p.fullmatch(name) for p in patterns), name
         assert any(p.fullmatch(name) for p in metric_names.PATTERNS), name
 
