@@ -128,3 +128,25 @@ def serve_on_loopback():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def assert_resumed_like():
+    """`assert_resumed_like(uninterrupted_dir, resumed_dir, steps)`: the resumed run's metrics.jsonl
+    has every step 0..max(steps) and, at `steps`, the uninterrupted run's metrics exactly (timings
+    and memory aside)."""
+    import json
+
+    def read(output_dir: Path) -> dict[int, dict]:
+        return {r["step"]: r for r in map(json.loads, (output_dir / "metrics.jsonl").read_text().splitlines())}
+
+    def check(uninterrupted: Path, resumed: Path, steps: tuple[int, ...]) -> None:
+        expected, got = read(uninterrupted), read(resumed)
+        assert sorted(got) == list(range(max(steps) + 1))
+        for step in steps:
+            keys = {k for k in expected[step] if not k.startswith(("timing_s/", "perf/"))}
+            assert keys == {k for k in got[step] if not k.startswith(("timing_s/", "perf/"))}
+            for key in keys:
+                assert got[step][key] == expected[step][key], f"step {step} {key}"
+
+    return check

@@ -31,7 +31,7 @@ import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.derived import response_budget
-from ppo_trainer.config.schema import MultiTurnConfig, SamplerConfig
+from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.rollout.base import (
     Completion,
     ContinuingSampler,

@@ -90,17 +90,12 @@ def test_samples_and_validation_records_hold_each_conversation_as_turns(uninterr
     assert row["score"] == pytest.approx(0.75)  # validation adds the environment's rewards too
 
 
-def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(uninterrupted, agent_file, tmp_path):
+def test_a_resumed_multi_turn_run_equals_the_uninterrupted_one(uninterrupted, agent_file, tmp_path,
+                                                               assert_resumed_like):
     run = [*RUN, f"sampler.multi_turn.env={agent_file}:AgentInstance", f"trainer.output_dir={tmp_path}"]
     run_training(compose([*run, "trainer.stop_after_steps=2"]))
     run_training(compose(run))  # the same command resumes
-    expected, resumed = read_metrics(uninterrupted), read_metrics(tmp_path)
-    assert sorted(resumed) == [0, 1, 2, 3, 4]
-    for step in (3, 4):
-        keys = {k for k in expected[step] if not k.startswith(("timing_s/", "perf/"))}
-        assert keys == {k for k in resumed[step] if not k.startswith(("timing_s/", "perf/"))}
-        for key in keys:
-            assert resumed[step][key] == expected[step][key], f"step {step} {key}"
+    assert_resumed_like(uninterrupted, tmp_path, (3, 4))
 
 
 def test_a_resume_with_another_environment_is_refused(uninterrupted, tmp_path, capsys):
