@@ -11,10 +11,11 @@ from ppo_trainer.agents.template import (
     check_tool_template,
     parse_tool_calls,
     render_prompt_with_tools,
+    template_ignores_tools,
     tools_system_text,
 )
 from ppo_trainer.agents.tools import Tool, allowed_tools, load_tools
 
 __all__ = ["AgentInstanceBase", "Episodes", "ResetOutcome", "Tool", "TurnOutcome", "allowed_tools",
-           "check_tool_template", "load_environment", "load_multi_turn", "load_tools", "parse_tool_calls", "render_prompt_with_tools",
+           "check_tool_template", "load_environment", "load_multi_turn", "load_tools", "parse_tool_calls", "render_prompt_with_tools", "template_ignores_tools",
            "tools_system_text"]

@@ -35,21 +35,33 @@ def tools_system_text(schemas: list[dict]) -> str:
 
 
 def render_prompt_with_tools(tokenizer: Any, messages: list[dict], tools: list[Tool],
-                             chat_template_kwargs: Optional[dict] = None) -> tuple[str, bool]:
+                             chat_template_kwargs: Optional[dict] = None,
+                             in_system: Optional[bool] = None) -> tuple[str, bool]:
     """(prompt text, whether the tools went into the system message). The chat template renders
     `messages` with the assistant turn opened and `tools=` their schemas; when that gives the text it
     gives without them (the template ignores tools), the schemas and the Hermes call format are put
     into the system message instead (appended to the conversation's own, else a new first turn),
-    which the caller says once on the console."""
+    which the caller says once on the console. `in_system`: that decision when the caller made it
+    once for all its prompts (`template_ignores_tools`); None decides it on `messages`."""
     kwargs = dict(chat_template_kwargs or {})
-    plain = _render(tokenizer, messages, True, kwargs)
     if not tools:
-        return plain, False
+        return _render(tokenizer, messages, True, kwargs), False
     schemas = [tool.schema for tool in tools]
-    offered = _render(tokenizer, messages, True, {**kwargs, "tools": schemas})
-    if offered != plain:
-        return offered, False
+    if in_system is None:
+        in_system = template_ignores_tools(tokenizer, tools, kwargs, messages)
+    if not in_system:
+        return _render(tokenizer, messages, True, {**kwargs, "tools": schemas}), False
     return _render(tokenizer, with_tools_system(messages, schemas), True, kwargs), True
+
+
+def template_ignores_tools(tokenizer: Any, tools: list[Tool], chat_template_kwargs: Optional[dict] = None,
+                           messages: Optional[list[dict]] = None) -> bool:
+    """Whether the chat template renders `messages` (a one-question probe by default) the same with
+    and without `tools=` their schemas: then the tools must go into the system message."""
+    kwargs = dict(chat_template_kwargs or {})
+    probe = messages or [_PROBE_USER]
+    return _render(tokenizer, probe, True, kwargs) == _render(tokenizer, probe, True,
+                                                              {**kwargs, "tools": [t.schema for t in tools]})
 
 
 def with_tools_system(messages: list[dict], schemas: list[dict]) -> list[dict]:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from ppo_trainer.agents import Tool, allowed_tools, render_prompt_with_tools
+from ppo_trainer.agents import Tool, allowed_tools, render_prompt_with_tools, template_ignores_tools
 from ppo_trainer.config.schema import DataConfig
 from ppo_trainer.data import arithmetic, digits
 from ppo_trainer.errors import InputError
@@ -104,19 +104,13 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bo
                         "set data.use_chat_template=false")
     records = [record for source in read_split(cfg, split)
                for record in load_source(source, cfg, tokenizer, split, require_answer, check_answer, tools)]
-    if tools and split == "train":
-        _say_where_tools_went(records, tokenizer, cfg, tools)
+    if tools and split == "train":  # one console line a run: who shows the model its tools
+        where = ("the model's chat template ignores `tools`: their schemas and the Hermes call format went into "
+                 "each prompt's system message") if template_ignores_tools(tokenizer, list(tools), dict(
+                     cfg.chat_template_kwargs)) else "the model's chat template shows them"
+        logger.info("tools: %s offered to %d training prompts; %s", ", ".join(t.name for t in tools), len(records),
+                    where)
     return records
-
-
-def _say_where_tools_went(records: Sequence[PromptRecord], tokenizer: Any, cfg: DataConfig,
-                          tools: Sequence[Tool]) -> None:
-    """One console line, once a run: whether the template shows the tools or the system message does."""
-    in_system = render_prompt_with_tools(tokenizer, [{"role": "user", "content": "?"}], list(tools),
-                                         dict(cfg.chat_template_kwargs))[1]
-    where = ("the model's chat template ignores `tools`: their schemas and the Hermes call format went into "
-             "each prompt's system message") if in_system else "the model's chat template shows them"
-    logger.info("tools: %s offered to %d training prompts; %s", ", ".join(t.name for t in tools), len(records), where)
 
 
 def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True,
@@ -125,6 +119,8 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, 
     data.bad_rows), tokenized, prompts over data.max_prompt_length per data.overlong_prompts
     (counted per data_source). Values JSON cannot hold become text, said in one line."""
     keys = source.keys or layout_keys(source.rows, cfg.prompt_key, cfg.answer_key)
+    # decided once, not per row: a template shows tools or ignores them whatever the conversation
+    in_system = bool(tools) and template_ignores_tools(tokenizer, list(tools), dict(cfg.chat_template_kwargs))
     prepared: list[tuple[int, str, ParsedRow, Messages, str]] = []  # (index, where, row, turns, prompt text)
     skipped: list[str] = []
     for index, row in enumerate(source.rows):
@@ -137,7 +133,7 @@ def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, 
             turns = chat_messages(parsed.prompt, cfg)
             if tools:
                 text = render_prompt_with_tools(tokenizer, turns, allowed_tools(list(tools), parsed.extra_info),
-                                                dict(cfg.chat_template_kwargs))[0]
+                                                dict(cfg.chat_template_kwargs), in_system)[0]
             else:
                 text = render_prompt(turns, tokenizer, cfg.use_chat_template, dict(cfg.chat_template_kwargs))
         except DataError:
