@@ -14,7 +14,7 @@ nothing is trained on them and GAE passes over them (`core.gae`). A turn's envir
 lands on its action's last token (`turn_rewards`).
 
 Budgets end an episode and name the reason (`END_REASONS`): the environment (done: env_done, or
-no_tool_call when the policy called no tool), `multi_turn.max_turns` actions, and
+no_tool_call when the policy called no tool, or env_error when it failed), `multi_turn.max_turns` actions, and
 `multi_turn.max_response_tokens` for the whole block (an observation that does not fit is cut and
 ends the episode). Each action gets at most `sampler.max_new_tokens` (or the call's) tokens, and
 never more than the block has left.
