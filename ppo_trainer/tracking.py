@@ -144,8 +144,9 @@ def plot(out: Path, panels: list[tuple[str, list[tuple[Optional[str], list[tuple
     fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
     for i, (ax, (title, curves)) in enumerate(zip(axes.flat, panels)):
         for label, points in curves:
-            if points:
-                ax.plot(*zip(*points), marker="." if len(points) < 50 else None, label=label)
+            # an empty curve still takes its colour, so that each curve has one colour in every panel
+            ax.plot(*(zip(*points) if points else ([], [])), marker="." if len(points) < 50 else None,
+                    label=label if points else None)
         xlabel = xlabels[i] if xlabels else "step"
         if xlabel == "step":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
