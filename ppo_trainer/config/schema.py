@@ -182,6 +182,15 @@ class SamplerConfig:  # rollout generation: the engine and its sampling settings
     generate_batch_size: int = field(default=64, metadata=at_least(1))
     # weight sync: MiB per bucket streamed from the actor to each rollout replica
     sync_bucket_mb: float = field(default=128.0, metadata=above(0))
+    # how many policy versions a step's samples may lag (asynchronous rollouts, issue 51): step s trains on
+    # samples generated with the weights after step max(0, s-1-max_staleness), so generation overlaps
+    # training. 0: lock-step, each step samples with the weights it updates. >= 1 is refused until the
+    # pipeline is built
+    max_staleness: int = field(default=0, metadata=at_least(0, why="0 is lock-step"))
+    # samples still generating at a weight sync continue under the new weights instead of the sync waiting
+    # for them (a sample may then span policy versions); sampler=vllm with max_staleness >= 1, single-turn or
+    # tools (no sampler.multi_turn.env). Not built yet: true is refused
+    partial_rollouts: bool = False
     vllm: VllmConfig = field(default_factory=VllmConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 

@@ -188,6 +188,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     if d.source == "arithmetic":
         _arithmetic_checks(d.arithmetic)
     _reward_checks(cfg)
+    _staleness_checks(cfg)
 
     if dev.backend == "local":
         for role in (*trained_roles(cfg), "rollout", "reward_model"):
@@ -221,6 +222,40 @@ def _estimator_checks(cfg: DictConfig) -> None:
     _require(cfg.critic.path is None, "critic.path",
              f"is set, but algorithm.adv_estimator={estimator} is critic-free and builds no critic; remove "
              "critic.path, or set algorithm.adv_estimator=gae")
+
+
+def _staleness_checks(cfg: DictConfig) -> None:
+    """sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, issue 51): what a lagged
+    policy cannot do, then a refusal of the pipeline itself, which is not built yet (an option that is
+    accepted must work). The specific rules come first so that they hold unchanged once it is built."""
+    s, dev, k = cfg.sampler, cfg.devices, cfg.sampler.max_staleness
+    if s.partial_rollouts:
+        _require(s.name == "vllm", "sampler.partial_rollouts",
+                 f"is true with sampler={s.name}: only vLLM can carry a sample across a weight sync; set "
+                 "sampler=vllm, or sampler.partial_rollouts=false")
+        _require(k >= 1, "sampler.partial_rollouts",
+                 "is true with sampler.max_staleness=0: lock-step rollouts never meet a weight sync mid-sample; set "
+                 "sampler.max_staleness >= 1, or sampler.partial_rollouts=false")
+        _require(s.multi_turn.env is None, "sampler.partial_rollouts",
+                 "is true with sampler.multi_turn.env: an environment's episode cannot continue under other "
+                 "weights; set sampler.partial_rollouts=false (whole episodes work with sampler.max_staleness)")
+    if k == 0:
+        return
+    _require(cfg.algorithm.recompute_old_logprobs, "sampler.max_staleness",
+             f"is {k} with algorithm.recompute_old_logprobs=false: PPO's ratio is against the policy being "
+             "updated, not the older one that sampled; set algorithm.recompute_old_logprobs=true, or "
+             "sampler.max_staleness=0")
+    _require(dev.backend == "ray", "sampler.max_staleness",
+             f"is {k} with devices.backend=local: one process cannot generate while it trains; set "
+             "devices.backend=ray, or sampler.max_staleness=0")
+    _require(not (dev.colocate and dev.accelerator in ("cuda", "npu")), "sampler.max_staleness",
+             f"is {k} with devices.colocate=true on devices.accelerator={dev.accelerator}: vLLM sleeps while the "
+             "trainers use the shared devices, so nothing overlaps; set devices.colocate=false, or "
+             "sampler.max_staleness=0")
+    _require(not s.partial_rollouts, "sampler.partial_rollouts",
+             "is true, but partial rollouts are not built yet (issue 51); set sampler.partial_rollouts=false")
+    raise ConfigError(f"'sampler.max_staleness' is {k}, but the asynchronous rollout pipeline is not built yet "
+                      "(issue 51); set sampler.max_staleness=0")
 
 
 def _arithmetic_checks(ar: DictConfig) -> None:

@@ -27,7 +27,8 @@ log = logging.getLogger("ppo_trainer")
 # Keys (a key names its subtree too) whose change makes the checkpoint continue something else: another
 # model, another LoRA shape, other training prompts or another order of them, other batch sizes, another
 # advantage estimator (a critic-free checkpoint holds no critic to continue; a critic's would be dropped), another
-# environment or tool set (another task).
+# environment or tool set (another task), another lag of the samples behind the policy (the rollouts in flight
+# at the checkpoint were generated for its schedule: sampler.max_staleness, sampler.partial_rollouts).
 REFUSED = (
     "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules", "algorithm.adv_estimator",
     "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.train_weights",
@@ -36,7 +37,8 @@ REFUSED = (
     "data.arithmetic.operations",
     "data.arithmetic.seed", "data.digits.task", "data.digits.min_length", "data.digits.length",
     "data.digits.train_size", "data.digits.seed",
-    "sampler.n", "sampler.multi_turn.env", "sampler.multi_turn.tools", "trainer.seed",
+    "sampler.n", "sampler.multi_turn.env", "sampler.multi_turn.tools", "sampler.max_staleness",
+    "sampler.partial_rollouts", "trainer.seed",
 )
 NOT_COMPARED = ("trainer.output_dir", "trainer.resume", "trainer.resume_allow", "trainer.dry_run")
 KL_CONTROLLER_KEYS = ("gae.kl_coef", "gae.kl_ctrl")  # a change restarts the controller from gae.kl_coef

@@ -1,0 +1,92 @@
+"""sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, issue 51): lock-step by
+default; what a lagged policy cannot do is refused (exit 2, one line naming both keys, before any model
+loads), each rule apart and before the refusal of the pipeline itself, which is not built yet; a
+changed lag is refused on resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from ppo_trainer.config.composition import compose
+from ppo_trainer.config.schema import ConfigError
+from ppo_trainer.run.resume import REFUSED, check_config
+
+RAY = ("devices.backend=ray",)
+NOT_BUILT = "'sampler.max_staleness' is 1, but the asynchronous rollout pipeline is not built yet"
+
+
+def message(line: str) -> str:
+    """The config error's own words, after the `ppo-train: config error: ` prefix."""
+    return line.partition(": config error: ")[2]
+
+
+def test_lock_step_is_the_default():
+    s = compose([]).sampler
+    assert (s.max_staleness, s.partial_rollouts) == (0, False)
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_a_negative_staleness_exits_2_saying_0_is_lock_step(ppo_train_error):
+    line = ppo_train_error("sampler.max_staleness=-1")
+    assert "'sampler.max_staleness' must be >= 0 (0 is lock-step), got -1" in line
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_staleness_without_recomputed_old_logprobs_exits_2_naming_both_keys(ppo_train_error):
+    line = ppo_train_error(*RAY, "sampler.max_staleness=1", "algorithm.recompute_old_logprobs=false")
+    assert message(line).startswith("'sampler.max_staleness' is 1 with algorithm.recompute_old_logprobs=false")
+    assert "set algorithm.recompute_old_logprobs=true, or sampler.max_staleness=0" in line
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_staleness_on_the_local_backend_exits_2_naming_both_keys(ppo_train_error):
+    line = ppo_train_error("sampler.max_staleness=2")
+    assert message(line).startswith("'sampler.max_staleness' is 2 with devices.backend=local: one process cannot")
+    assert "set devices.backend=ray, or sampler.max_staleness=0" in line
+
+
+@pytest.mark.usefixtures("no_model_loading")
+@pytest.mark.parametrize("accelerator", ["cuda", "npu"])
+def test_staleness_with_colocated_accelerators_exits_2_naming_both_keys(ppo_train_error, accelerator):
+    line = ppo_train_error(*RAY, "devices.colocate=true", f"devices.accelerator={accelerator}",
+                           "sampler.max_staleness=1")
+    assert message(line).startswith(f"'sampler.max_staleness' is 1 with devices.colocate=true on "
+                           f"devices.accelerator={accelerator}: vLLM sleeps")
+    assert "set devices.colocate=false, or sampler.max_staleness=0" in line
+
+
+@pytest.mark.usefixtures("no_model_loading")
+@pytest.mark.parametrize("placement", [
+    ["devices.colocate=true"],  # on CPU nothing sleeps: colocated roles still overlap
+    ["devices.colocate=false", "devices.accelerator=cuda"],
+    ["sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit"],  # whole episodes lag like single turns
+])
+def test_a_staleness_the_rules_allow_is_refused_until_the_pipeline_is_built(ppo_train_error, placement):
+    line = ppo_train_error(*RAY, *placement, "sampler.max_staleness=1")
+    assert message(line).startswith(NOT_BUILT) and line.endswith("set sampler.max_staleness=0")
+
+
+@pytest.mark.usefixtures("no_model_loading")
+@pytest.mark.parametrize("overrides, expected", [
+    (["sampler=hf", "sampler.max_staleness=1"], "is true with sampler=hf: only vLLM"),
+    (["sampler=vllm"], "is true with sampler.max_staleness=0: lock-step rollouts"),
+    (["sampler=vllm", "sampler.max_staleness=1", "sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit"],
+     "is true with sampler.multi_turn.env: an environment's episode"),
+    (["sampler=vllm", "sampler.max_staleness=1"], "is true, but partial rollouts are not built yet"),
+])
+def test_partial_rollouts_exit_2_naming_the_key_they_need(ppo_train_error, overrides, expected):
+    line = ppo_train_error(*RAY, "sampler.partial_rollouts=true", *overrides)
+    assert message(line).startswith(f"'sampler.partial_rollouts' {expected}")
+
+
+def test_a_changed_lag_is_refused_on_resume():
+    """The rollouts in flight at a checkpoint were generated for its lag: another one continues another run."""
+    assert {"sampler.max_staleness", "sampler.partial_rollouts"} <= set(REFUSED)
+    cfg = compose(["+experiment=smoke"])
+    saved = OmegaConf.create(OmegaConf.to_container(cfg))
+    OmegaConf.update(saved, "sampler.max_staleness", 1)
+    with pytest.raises(ConfigError, match=r"refused: sampler.max_staleness 1 -> 0 .*resume_allow=\[sampler.max_"):
+        check_config(Path("checkpoints/global_step_2"), saved, {"step": 2}, cfg)
