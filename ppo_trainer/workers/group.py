@@ -12,6 +12,7 @@ from ppo_trainer.engine.distributed import init_one_rank
 from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.accelerators import DeviceKind, detect
 from ppo_trainer.workers.cluster.placement import roles_of
+from ppo_trainer.workers.pending import Pending, ran
 from ppo_trainer.workers.roles import Worker, method_name, replica_seed
 
 R = TypeVar("R")
@@ -24,7 +25,8 @@ class LocalWorkers:
     def __init__(self, worker: Optional[Worker], role: str, timeout_s: float):
         self.worker, self.role, self.timeout_s = worker, role, timeout_s
 
-    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
+    def submit(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> Pending[list[Any]]:
+        """The call runs now, to its end (`pending.ran`); its result or error waits in the handle."""
         (args,) = args_per_replica
 
         def overdue() -> str:
@@ -32,8 +34,11 @@ class LocalWorkers:
                     f"{self.timeout_s:g} s; stopped (the stack of every thread follows on stderr, in engine.log "
                     "unless trainer.verbose)")
 
-        with watchdog.deadline(self.timeout_s, overdue):
-            return [self.worker.call(method, *args, **kwargs)]
+        def run() -> list[Any]:
+            with watchdog.deadline(self.timeout_s, overdue):
+                return [self.worker.call(method, *args, **kwargs)]
+
+        return ran(run)
 
     def __len__(self) -> int:
         return 1
@@ -68,8 +73,9 @@ class WorkerGroup:
     and the workers. A caller names the method by reference, `group.run_all(ActorEngine.update, batch)`
     or `Worker.save`, checked against the role and its arguments (`roles.method_name`) before any
     worker runs. `workers`, the backend's handles on them (`LocalWorkers`, `ray_backend.RayWorkers`):
-    `call(name, args_per_replica, kwargs)` runs the method `name` on replica i with
-    `args_per_replica[i]`, concurrently, and returns the results by replica."""
+    `submit(name, args_per_replica, kwargs)` starts the method `name` on replica i with
+    `args_per_replica[i]`, concurrently, and returns a `Pending` of the results by replica. Each
+    `run_*` call is its `submit_*` call's result: `submit_*` lets the driver go on while the workers run."""
 
     def __init__(self, role: str, workers: Any):
         self.role, self.workers = role, workers
@@ -82,26 +88,39 @@ class WorkerGroup:
         (`Worker.push_weights`): the Worker itself locally, the Ray actors on Ray."""
         return self.workers.receivers()
 
-    def run_all(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> list[R]:
-        """Every replica, same arguments (collectives: `update` takes the full batch on every rank)."""
-        return self.workers.call(method_name(self.role, method, args, kwargs), [args] * len(self.workers), kwargs)
+    def submit_all(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> Pending[list[R]]:
+        """`run_all`, not waiting for the workers."""
+        return self.workers.submit(method_name(self.role, method, args, kwargs), [args] * len(self.workers), kwargs)
 
-    def run_each(self, method: Callable[..., R], args_per_replica: Sequence[tuple]) -> list[R]:
-        """Replica i gets `args_per_replica[i]` (e.g. its own saved state)."""
+    def submit_each(self, method: Callable[..., R], args_per_replica: Sequence[tuple]) -> Pending[list[R]]:
+        """`run_each`, not waiting for the workers."""
         name = method_name(self.role, method, args_per_replica[0])
-        return self.workers.call(name, list(args_per_replica), {})
+        return self.workers.submit(name, list(args_per_replica), {})
 
-    def run_split(self, method: Callable[..., R], batch: Batch, *args: Any, seed: Optional[int] = None,
-                  **kwargs: Any) -> R:
-        """Rows dealt across replicas by tokens, results in row order; replica i gets `replica_seed(seed, i)`."""
+    def submit_split(self, method: Callable[..., R], batch: Batch, *args: Any, seed: Optional[int] = None,
+                     **kwargs: Any) -> Pending[R]:
+        """`run_split`, not waiting for the workers: the rows are dealt now, merged at `result()`."""
         replicas = len(self.workers)
         seeds = [()] * replicas if seed is None else [(replica_seed(seed, i),) for i in range(replicas)]
         name = method_name(self.role, method, (batch, *args, *seeds[0]), kwargs)
         if replicas == 1:
-            return self.workers.call(name, [(batch, *args, *seeds[0])], kwargs)[0]
+            return self.workers.submit(name, [(batch, *args, *seeds[0])], kwargs).then(lambda results: results[0])
         parts = batch.deal(replicas)
         shards = [(batch.select(part), *args, *seeds[i]) for i, part in enumerate(parts)]
-        return merge_rows(self.workers.call(name, shards, kwargs), parts)
+        return self.workers.submit(name, shards, kwargs).then(lambda results: merge_rows(results, parts))
+
+    def run_all(self, method: Callable[..., R], *args: Any, **kwargs: Any) -> list[R]:
+        """Every replica, same arguments (collectives: `update` takes the full batch on every rank)."""
+        return self.submit_all(method, *args, **kwargs).result()
+
+    def run_each(self, method: Callable[..., R], args_per_replica: Sequence[tuple]) -> list[R]:
+        """Replica i gets `args_per_replica[i]` (e.g. its own saved state)."""
+        return self.submit_each(method, args_per_replica).result()
+
+    def run_split(self, method: Callable[..., R], batch: Batch, *args: Any, seed: Optional[int] = None,
+                  **kwargs: Any) -> R:
+        """Rows dealt across replicas by tokens, results in row order; replica i gets `replica_seed(seed, i)`."""
+        return self.submit_split(method, batch, *args, seed=seed, **kwargs).result()
 
     def shutdown(self) -> None:
         self.workers.shutdown()

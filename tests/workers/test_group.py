@@ -1,4 +1,5 @@
-"""WorkerGroup and Worker without a backend: how rows and seeds are dealt to replicas, what a worker sets up."""
+"""WorkerGroup and Worker without Ray: how rows and seeds are dealt to replicas, what submitting a call
+leaves for `result()` on the local backend, what a worker sets up."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any, Sequence
 import pytest
 import torch
 
+from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.base import prompts_to_batch
-from ppo_trainer.workers.group import WorkerGroup
+from ppo_trainer.workers.group import LocalWorkers, WorkerGroup
+from ppo_trainer.workers.pending import Pending, ran
 from ppo_trainer.workers.process_tuning import CPU_KERNEL_CACHE_CAPACITY, CPU_KERNEL_CACHE_VARS
 
 
@@ -21,9 +24,9 @@ class Recording:
         self.replicas = replicas
         self.calls: list[tuple] = []
 
-    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
+    def submit(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> Pending[list[Any]]:
         self.calls = list(args_per_replica)
-        return [args[0].input_ids.float() for args in args_per_replica]
+        return ran(lambda: [args[0].input_ids.float() for args in args_per_replica])
 
     def __len__(self) -> int:
         return self.replicas
@@ -49,6 +52,59 @@ def test_each_replica_samples_with_its_own_seed_and_one_replica_keeps_the_seed()
     again = Recording(4)
     WorkerGroup("rollout", again).run_split(Sampler.generate, prompts(8), 2, seed=1234)
     assert [args[-1] for args in again.calls] == seeds[4]  # deterministic
+
+
+def test_a_submitted_split_gives_the_blocking_calls_rows_and_merges_them_at_result():
+    for replicas in (1, 3):
+        blocking = WorkerGroup("rollout", Recording(replicas)).run_split(Sampler.generate, prompts(7), 2, seed=5)
+        workers = Recording(replicas)
+        pending = WorkerGroup("rollout", workers).submit_split(Sampler.generate, prompts(7), 2, seed=5)
+        assert len(workers.calls) == replicas  # dealt and sent at submit
+        torch.testing.assert_close(pending.result(), blocking)
+
+
+class Rows:
+    """A local worker that answers `compute_logprobs` with its rows' ids and records every call in order."""
+
+    def __init__(self):
+        self.log: list[str] = []
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.log.append(method)
+        if method == "update":
+            raise ValueError("a broken batch")
+        return args[0].input_ids.float() if args else method
+
+
+def local_actor() -> tuple[WorkerGroup, Rows]:
+    worker = Rows()
+    return WorkerGroup("actor", LocalWorkers(worker, "actor", timeout_s=60.0)), worker
+
+
+def test_the_local_backends_submitted_calls_give_the_blocking_calls_results():
+    group, _ = local_actor()
+    torch.testing.assert_close(group.submit_split(ActorEngine.compute_logprobs, prompts(3)).result(),
+                               group.run_split(ActorEngine.compute_logprobs, prompts(3)))
+    assert group.submit_all(ActorEngine.full_state_dict).result() == group.run_all(ActorEngine.full_state_dict)
+    assert group.submit_each(ActorEngine.full_state_dict, [()]).result() == ["full_state_dict"]
+
+
+def test_the_local_backend_runs_a_call_at_submit_in_order_and_raises_its_error_at_result():
+    """As a Ray actor runs its calls in the order they came, whenever the driver asks for the results."""
+    group, worker = local_actor()
+    failed = group.submit_all(ActorEngine.update, prompts(2))
+    later = group.submit_all(ActorEngine.full_state_dict)
+    assert worker.log == ["update", "full_state_dict"]
+    assert later.result() == ["full_state_dict"]
+    with pytest.raises(ValueError, match="a broken batch"):
+        failed.result()
+
+
+def test_a_method_the_role_does_not_run_fails_at_submit_before_any_worker_runs():
+    group, worker = local_actor()
+    with pytest.raises(TypeError, match="is not a method the actor workers run"):
+        group.submit_split(Sampler.generate, prompts(2), 1)
+    assert worker.log == []
 
 
 class FakeEngine:

@@ -19,7 +19,7 @@ class Stuck:
     def call(self, method, *args):
         time.sleep(60)  # a collective whose peer never comes
 
-LocalWorkers(Stuck(), "critic", timeout_s=1.0).call("update", [()], {})
+LocalWorkers(Stuck(), "critic", timeout_s=1.0).submit("update", [()], {}).result()
 print("not reached")
 """
 

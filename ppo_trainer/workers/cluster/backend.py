@@ -49,6 +49,7 @@ from ppo_trainer.workers.cluster.placement import (
     ray_init_kwargs,
     worker_resources,
 )
+from ppo_trainer.workers.pending import Pending
 from ppo_trainer.workers.roles import WorkerError
 
 log = logging.getLogger("ppo_trainer")
@@ -292,7 +293,10 @@ class RayWorkers:
         """Wait until every rank has built its worker."""
         self._gather(self.starting, "start")
 
-    def call(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> list[Any]:
+    def submit(self, method: str, args_per_replica: Sequence[tuple], kwargs: dict[str, Any]) -> Pending[list[Any]]:
+        """Start the call on every rank; `result()` gathers it (`_gather`) by the deadline
+        trainer.worker_timeout_s after this submit: time spent behind earlier calls on an actor counts."""
+        deadline = time.monotonic() + self.timeout_s
         refs: dict[int, Any] = {}
 
         def put(value: Any) -> Any:
@@ -303,18 +307,19 @@ class RayWorkers:
             return refs[id(value)]
 
         shared_kwargs = {k: put(v) for k, v in kwargs.items()}
-        return self._gather([h.call.remote(method, *map(put, args), **shared_kwargs)
-                             for h, args in zip(self.hosts, args_per_replica)], method)
+        calls = [h.call.remote(method, *map(put, args), **shared_kwargs) for h, args in zip(self.hosts, args_per_replica)]
+        return Pending(lambda: self._gather(calls, method, deadline))
 
-    def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """Results by rank; on a failure, WorkerError (`_fail`); past trainer.worker_timeout_s, WorkerError
-        naming the first rank still busy, and the role's workers are killed (a stuck collective)."""
+    def _gather(self, refs: list[Any], what: str, deadline: Optional[float] = None) -> list[Any]:
+        """Results by rank; on a failure, WorkerError (`_fail`); past `deadline` (time.monotonic; None:
+        trainer.worker_timeout_s from now), WorkerError naming the first rank still busy, and the role's
+        workers are killed (a stuck collective)."""
         if self.failure is not None:
             raise WorkerError(f"the {self.role} workers are down after an earlier failure: {self.failure}")
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:

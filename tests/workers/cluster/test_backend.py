@@ -185,7 +185,7 @@ def test_an_error_in_an_independent_replica_names_role_rank_and_error_and_keeps_
     from ppo_trainer.workers.roles import WorkerError
 
     with pytest.raises(WorkerError, match=r"rollout worker rank 0 of 1 failed in no_such_method: AttributeError"):
-        ray_groups["rollout"].workers.call("no_such_method", [()], {})  # past the driver's check of method names
+        ray_groups["rollout"].workers.submit("no_such_method", [()], {}).result()  # past the driver's check of method names
     assert len(ray_groups["rollout"].run_split(Sampler.generate, prompts.select([0]), 1, seed=0)) == 1
 
 
@@ -197,7 +197,7 @@ def test_a_failing_rank_is_reported_by_its_own_error_not_its_peers(ray_groups, b
     broken = batch.select([1, 2]).with_fields(response_mask=None)
     start = time.monotonic()
     with pytest.raises(WorkerError) as e:
-        ray_groups["actor"].workers.call("compute_logprobs", [(batch.select([0, 3]),), (broken,)], {})
+        ray_groups["actor"].workers.submit("compute_logprobs", [(batch.select([0, 3]),), (broken,)], {}).result()
     assert time.monotonic() - start < 30
     message = str(e.value)
     assert message.startswith("actor worker rank 1 of 2 failed in compute_logprobs: ValueError")
