@@ -77,7 +77,7 @@ def test_an_import_from_a_layer_above_is_reported_with_both_layers():
              "ppo_trainer.core.gae": {"ppo_trainer.config.schema"}}
     assert upward_imports(graph) == [
         "ppo_trainer.core.gae (core) -> ppo_trainer.config.schema (shared)",
-        "ppo_trainer.engine.fsdp (engines, samplers, rewards, data) -> ppo_trainer.workers.cluster.placement (workers)",
+        "ppo_trainer.engine.fsdp (engines, samplers, agents, rewards, data) -> ppo_trainer.workers.cluster.placement (workers)",
     ]
 
 
