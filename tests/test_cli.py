@@ -104,7 +104,7 @@ def test_help_flags_describe_the_app(tmp_path, flag, expected):
         groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
         assert [line.split(":")[0] for line in groups.splitlines()[2:] if line] == [
             "data", "devices", "experiment", "model", "sampler", "sweep"]
-        assert "experiment: digits, gsm8k, gsm8k_cpu, smoke" in groups
+        assert "experiment: calculator_cpu, digits, digits_reveal, gsm8k, gsm8k_cpu, smoke" in groups
 
 
 def test_shell_completion_installs_and_completes_keys_and_options(tmp_path):

@@ -65,7 +65,23 @@ def test_a_code_path_hydra_would_not_read_unquoted_comes_in_hydras_quotes_and_pa
 def test_every_code_key_is_one_the_trust_rule_and_the_saved_paths_read():
     from ppo_trainer.config import paths
 
-    assert trust.CODE_KEYS == ("reward.fn", "eval.reward_fn") and paths.CODE_KEYS is trust.CODE_KEYS
+    assert trust.CODE_KEYS == ("reward.fn", "eval.reward_fn", "sampler.multi_turn.env", "sampler.multi_turn.tools")
+    assert paths.CODE_KEYS is trust.CODE_KEYS
+
+
+def test_an_environment_and_tools_are_code_keys_made_absolute_and_named_for_ppo_eval_built_ins_aside(tmp_path,
+                                                                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = absolute_paths(compose(["sampler.multi_turn.env=envs/guess.py:Game",
+                                  "sampler.multi_turn.tools=[calculator,my_tools.py:lookup,pkg.tools:search]"]))
+    assert cfg.sampler.multi_turn.env == f"{tmp_path / 'envs' / 'guess.py'}:Game"
+    assert list(cfg.sampler.multi_turn.tools) == ["calculator", f"{tmp_path / 'my_tools.py'}:lookup", "pkg.tools:search"]
+    assert trust.code_overrides(cfg) == [f"sampler.multi_turn.env={tmp_path / 'envs' / 'guess.py'}:Game",
+                                         f"sampler.multi_turn.tools=[calculator,{tmp_path / 'my_tools.py'}:lookup,"
+                                         "pkg.tools:search]"]
+    built_in = compose(["sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit",
+                        "sampler.multi_turn.tools=[calculator,python]"])
+    assert trust.code_overrides(built_in) == []
 
 
 @pytest.mark.parametrize("arg, recorded", [
