@@ -102,25 +102,27 @@ def load_prompts(cfg: DataConfig, tokenizer: Any, split: str, require_answer: bo
     if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise DataError("data.use_chat_template=true, but the model's tokenizer has no chat template; "
                         "set data.use_chat_template=false")
+    # decided once, not per row: a template shows tools or ignores them whatever the conversation
+    in_system = bool(tools) and template_ignores_tools(tokenizer, list(tools), dict(cfg.chat_template_kwargs))
     records = [record for source in read_split(cfg, split)
-               for record in load_source(source, cfg, tokenizer, split, require_answer, check_answer, tools)]
+               for record in load_source(source, cfg, tokenizer, split, require_answer, check_answer, tools,
+                                         in_system)]
     if tools and split == "train":  # one console line a run: who shows the model its tools
         where = ("the model's chat template ignores `tools`: their schemas and the Hermes call format went into "
-                 "each prompt's system message") if template_ignores_tools(tokenizer, list(tools), dict(
-                     cfg.chat_template_kwargs)) else "the model's chat template shows them"
+                 "each prompt's system message") if in_system else "the model's chat template shows them"
         logger.info("tools: %s offered to %d training prompts; %s", ", ".join(t.name for t in tools), len(records),
                     where)
     return records
 
 
 def load_source(source: RowSource, cfg: DataConfig, tokenizer: Any, split: str, require_answer: bool = True,
-                check_answer: Optional[AnswerCheck] = None, tools: Sequence[Tool] = ()) -> list[PromptRecord]:
+                check_answer: Optional[AnswerCheck] = None, tools: Sequence[Tool] = (),
+                in_system: bool = False) -> list[PromptRecord]:
     """The records of one source: rows parsed, checked and rendered (malformed ones per
     data.bad_rows), tokenized, prompts over data.max_prompt_length per data.overlong_prompts
-    (counted per data_source). Values JSON cannot hold become text, said in one line."""
+    (counted per data_source). Values JSON cannot hold become text, said in one line. `tools` go
+    into each prompt, into its system message when `in_system` (`agents.template_ignores_tools`)."""
     keys = source.keys or layout_keys(source.rows, cfg.prompt_key, cfg.answer_key)
-    # decided once, not per row: a template shows tools or ignores them whatever the conversation
-    in_system = bool(tools) and template_ignores_tools(tokenizer, list(tools), dict(cfg.chat_template_kwargs))
     prepared: list[tuple[int, str, ParsedRow, Messages, str]] = []  # (index, where, row, turns, prompt text)
     skipped: list[str] = []
     for index, row in enumerate(source.rows):
