@@ -66,6 +66,8 @@ class Batch:
     | positive        | [B]       | True on the responses the positive-example LM loss imitates    |
     | turn_rewards    | [B, T]    | multi-turn: each turn's environment reward on that turn's last |
     |                 |           | policy token, 0 elsewhere; None for single-turn rollouts       |
+    | policy_version  | [B]       | int64: the step whose updated weights sampled the row (0: the  |
+    |                 |           | initial ones); set by the driver's `run.pipeline`              |
 
     Non-tensor fields are per-row lists (prompt_text: the prompt's display text; prompt_messages: its
     chat turns, which a reward model renders in its own template; ground_truth, data_source,
@@ -91,6 +93,7 @@ class Batch:
     truncated: Optional[torch.Tensor] = None
     positive: Optional[torch.Tensor] = None
     turn_rewards: Optional[torch.Tensor] = _response()
+    policy_version: Optional[torch.Tensor] = None
     prompt_text: Optional[list[str]] = None
     prompt_messages: Optional[list[list[dict[str, Any]]]] = None
     response_text: Optional[list[str]] = None

@@ -27,6 +27,7 @@ from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
+from ppo_trainer.core.staleness import staleness_metrics
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
@@ -34,7 +35,6 @@ from ppo_trainer.errors import InputError, NonFiniteError, RunError, StoppedBySi
 from ppo_trainer.evaluate import (
     eval_temperature,
     evaluate_records,
-    prompt_batch,
     reward_inputs,
     validation_metrics,
     validation_seed,
@@ -54,18 +54,13 @@ from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.multi_turn import multi_turn_metrics
 from ppo_trainer.run import checkpoint, resume, trainer_state
 from ppo_trainer.run import folder as run_folder
+from ppo_trainer.run.pipeline import RolloutPipeline
 from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
 from ppo_trainer.workers.group import WorkerGroup, device_count
 from ppo_trainer.workers.roles import Worker, WorkerError
 
 log = logging.getLogger("ppo_trainer")
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The sampling seed of one step: fixed by (trainer.seed, step), so a resumed run samples
-    what the uninterrupted run sampled (an engine's RNG state cannot be checkpointed)."""
-    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
 
 
 class _Timer:
@@ -92,6 +87,8 @@ class Trainer:
         self.val_records = val_records
         self.output_dir = Path(cfg.trainer.output_dir)
         self.loader = PromptLoader.from_config(cfg, train_records)
+        self.rollouts = RolloutPipeline(self.rollout, self.loader, pad_id=pad_id, n=cfg.sampler.n, seed=cfg.trainer.seed,
+                                        max_staleness=cfg.sampler.max_staleness, last_step=cfg.trainer.total_steps)
         self.train_data = resume.data_fingerprint(train_records)  # a resume checks that the prompts are the same
         # training's (reward.fn and the learned rewards) and validation's (eval.reward_fn, else reward.fn)
         self.scorer, self.val_scorer = scorers or scorers_of(cfg, groups)
@@ -150,6 +147,9 @@ class Trainer:
         objective: Optional[float] = None
         objective_step: Optional[int] = None
         previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        for group in self.groups.values():  # the idle shares count from here (`perf_metrics`)
+            group.run_all(Worker.busy_seconds)
+        self.perf_clock = time.perf_counter()
         try:
             if self.step == 0:
                 metrics = self.validate()
@@ -230,11 +230,9 @@ class Trainer:
         cfg, a, timer = self.cfg, self.cfg.algorithm, _Timer()
         metrics: dict[str, float] = {}
         with timer("step"):
-            records = next(self.loader)
-            prompts = prompt_batch(records, self.pad_id)
-            with timer("gen"), self.rollout_awake():
-                batch = self.rollout.run_split(Sampler.generate, prompts, cfg.sampler.n,
-                                               seed=step_seed(cfg.trainer.seed, step))
+            with timer("gen"), self.rollout_awake():  # k >= 1: waits for a batch generated during earlier steps
+                records, batch = self.rollouts.take(step)
+            metrics.update(staleness_metrics(step, batch.policy_version))
             if batch.episodes is not None:
                 metrics.update(multi_turn_metrics(batch))
             with timer("reward"):
@@ -282,8 +280,9 @@ class Trainer:
             if not self.critic_warmup.active(step):
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all(ActorEngine.update, batch)[0]))
-                with timer("sync"):
+                with timer("sync"):  # k >= 1: waits for the generation submitted at this step's start
                     metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
+            self.rollouts.push_done(step)  # in a critic warm-up the rollout's weights are already this step's
             self.critic_warmup.observe(step, deciding_explained_var(metrics))  # critic-free: no warm-up
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
@@ -337,7 +336,11 @@ class Trainer:
         """The rollout engines awake for the block and asleep after it, also when the block raises (its
         error is the one raised; a failure to sleep then is logged). Not after an interrupt: a second
         signal stops at once. On shared accelerators the trainers first return their cached memory,
-        which the waking engine needs (sleep mode is off on CPUs)."""
+        which the waking engine needs (sleep mode is off on CPUs). With sampler.max_staleness >= 1 the
+        engines never sleep (refused where they would): a sleep call would wait for the generation ahead."""
+        if self.cfg.sampler.max_staleness >= 1:
+            yield
+            return
         if self.cfg.devices.colocate and self.cfg.devices.accelerator != "cpu":
             for group in (g for g in (self.actor, self.critic) if g is not None):
                 group.run_all(Worker.release_memory)
@@ -362,13 +365,18 @@ class Trainer:
         return sent[0]
 
     def perf_metrics(self, batch: Batch, seconds: float) -> dict[str, float]:
-        """Tokens per second per device, and each role's peak memory this step from its workers
-        (`Worker.peak_memory_gb`: the accelerator allocator's, else the process's resident set)."""
+        """Tokens per second per device; each role's peak memory this step from its workers
+        (`Worker.peak_memory_gb`: the accelerator allocator's, else the process's resident set) and the
+        share of the time since the last step's end its workers spent outside any call (mean over replicas)."""
         devices = device_count(self.groups, self.cfg.devices.colocate)
         tokens = batch.attention_mask.sum().item()
         peaks = {role: max(group.run_all(Worker.peak_memory_gb, reset=True)) for role, group in self.groups.items()}
+        elapsed, self.perf_clock = time.perf_counter() - self.perf_clock, time.perf_counter()
+        idle = {role: 1.0 - min(1.0, sum(busy) / len(busy) / elapsed)
+                for role, busy in ((role, group.run_all(Worker.busy_seconds)) for role, group in self.groups.items())}
         return {"perf/throughput": tokens / seconds / devices, "perf/max_memory_allocated_gb": max(peaks.values()),
-                **{f"perf/{role}/max_memory_allocated_gb": peak for role, peak in peaks.items()}}
+                **{f"perf/{role}/max_memory_allocated_gb": peak for role, peak in peaks.items()},
+                **{f"perf/{role}/idle_share": share for role, share in idle.items()}}
 
     def samples(self, batch: Batch) -> list[dict[str, Any]]:
         rows = range(min(self.cfg.trainer.log_samples, len(batch)))

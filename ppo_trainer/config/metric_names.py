@@ -15,13 +15,15 @@ ALWAYS = (
     "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob",
     "timing_s/adv", "timing_s/update_actor", "timing_s/sync", "timing_s/step",
     "perf/throughput", "perf/max_memory_allocated_gb", "perf/actor/max_memory_allocated_gb",
-    "perf/rollout/max_memory_allocated_gb", "perf/sync_bytes", "val/accuracy", "val/score/mean",
+    "perf/rollout/max_memory_allocated_gb", "perf/sync_bytes", "perf/actor/idle_share", "perf/rollout/idle_share",
+    "rollout/staleness/mean", "rollout/staleness/max", "val/accuracy", "val/score/mean",
 )
 # The critic's (algorithm.adv_estimator=gae): a critic-free run logs none of them.
 CRITIC = (
     "critic/values/mean", "critic/vf_explained_var", "critic/vf_error/early", "critic/vf_error/middle",
     "critic/vf_error/late", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
     "critic/skipped_steps", "timing_s/values", "timing_s/update_critic", "perf/critic/max_memory_allocated_gb",
+    "perf/critic/idle_share",
 )
 # Multi-turn rollouts' (an environment or tools: docs/multi-turn.md), verl's names where it has them.
 MULTI_TURN = (
@@ -66,7 +68,7 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
     if r.overlong_buffer > 0:
         names.add("reward/overlong_penalty")
     if cfg.reward.model.path:
-        names |= {"reward/model/std", "perf/reward_model/max_memory_allocated_gb"}
+        names |= {"reward/model/std", "perf/reward_model/max_memory_allocated_gb", "perf/reward_model/idle_share"}
     if cfg.gae.kl_ctrl == "adaptive":
         names.add("kl_ctrl/skipped_updates")
     if is_multi_turn(cfg.sampler):

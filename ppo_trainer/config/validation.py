@@ -225,9 +225,8 @@ def _estimator_checks(cfg: DictConfig) -> None:
 
 
 def _staleness_checks(cfg: DictConfig) -> None:
-    """sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, issue 51): what a lagged
-    policy cannot do, then a refusal of the pipeline itself, which is not built yet (an option that is
-    accepted must work). The specific rules come first so that they hold unchanged once it is built."""
+    """sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, docs/async.md): what a
+    lagged policy needs, and the partial rollouts, which are not built yet."""
     s, dev, k = cfg.sampler, cfg.devices, cfg.sampler.max_staleness
     if s.partial_rollouts:
         _require(s.name == "vllm", "sampler.partial_rollouts",
@@ -245,17 +244,20 @@ def _staleness_checks(cfg: DictConfig) -> None:
              f"is {k} with algorithm.recompute_old_logprobs=false: PPO's ratio is against the policy being "
              "updated, not the older one that sampled; set algorithm.recompute_old_logprobs=true, or "
              "sampler.max_staleness=0")
+    _require(cfg.algorithm.rollout_correction != "none", "sampler.max_staleness",
+             f"is {k} with algorithm.rollout_correction=none: samples from an older policy need the importance "
+             "weight against it (docs/async.md); set algorithm.rollout_correction=tis (or mis), or "
+             "sampler.max_staleness=0")
     _require(dev.backend == "ray", "sampler.max_staleness",
              f"is {k} with devices.backend=local: one process cannot generate while it trains; set "
              "devices.backend=ray, or sampler.max_staleness=0")
-    _require(not (dev.colocate and dev.accelerator in ("cuda", "npu")), "sampler.max_staleness",
-             f"is {k} with devices.colocate=true on devices.accelerator={dev.accelerator}: vLLM sleeps while the "
-             "trainers use the shared devices, so nothing overlaps; set devices.colocate=false, or "
-             "sampler.max_staleness=0")
+    _require(not (dev.colocate and dev.accelerator != "cpu"), "sampler.max_staleness",
+             f"is {k} with devices.colocate=true on devices.accelerator={dev.accelerator}: on GPUs and NPUs vLLM "
+             "sleeps while the trainers use the shared devices, so nothing overlaps; set devices.colocate=false "
+             "(or devices.accelerator=cpu), or sampler.max_staleness=0")
     _require(not s.partial_rollouts, "sampler.partial_rollouts",
-             "is true, but partial rollouts are not built yet (issue 51); set sampler.partial_rollouts=false")
-    raise ConfigError(f"'sampler.max_staleness' is {k}, but the asynchronous rollout pipeline is not built yet "
-                      "(issue 51); set sampler.max_staleness=0")
+             "is true, but partial rollouts are not built yet; set sampler.partial_rollouts=false (whole "
+             "samples, generated ahead, work with sampler.max_staleness)")
 
 
 def _arithmetic_checks(ar: DictConfig) -> None:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -26,6 +27,7 @@ from ppo_trainer.workers.cluster.nodes import remove_marker, write_marker
 from ppo_trainer.workers.roles import Worker
 
 log = logging.getLogger("ppo_trainer")
+ROLLOUTS_FILE = "rollouts.pt"  # state/: the rollouts generated ahead of the step (sampler.max_staleness >= 1)
 
 
 @dataclass
@@ -117,6 +119,9 @@ def save(trainer: Any, best: bool = False) -> Path:
         checkpoint.save_trainer_state(staging / "state", state,
                                       {"torch": torch.get_rng_state(), "workers": workers},
                                       run_folder.resolved_config(trainer.cfg))
+        in_flight = trainer.rollouts.state()  # sampler.max_staleness >= 1: generated ahead, trained on first at resume
+        if in_flight:
+            torch.save(in_flight, staging / "state" / ROLLOUTS_FILE)
         folder = checkpoint.commit(trainer.output_dir, trainer.step, trainer.cfg.trainer.keep_last,
                                    parts={role: len(trainer.groups[role]) for role in trained_roles(trainer.cfg)},
                                    best=best)
@@ -157,4 +162,26 @@ def load(trainer: Any, resumed: Resume) -> None:
     if trainer.best is not None and checkpoint.step_dir(trainer.output_dir, trainer.best["step"]).is_dir():
         checkpoint.write_pointer(trainer.output_dir, "best", trainer.best["step"])
     trainer.sync_rollout_weights()
+    in_flight = saved_rollouts(folder)
+    try:
+        trainer.rollouts.resume_at(trainer.step, in_flight)
+    except ValueError as e:
+        raise checkpoint.CheckpointError(f"{folder / 'state' / ROLLOUTS_FILE}: {e}; resume from another checkpoint "
+                                         "with trainer.resume=PATH") from None
+    if trainer.cfg.sampler.max_staleness and not in_flight and trainer.step < trainer.cfg.trainer.total_steps:
+        log.info("resume: %s holds no rollouts generated ahead (the run had ended there): steps %d-%d sample with "
+                 "step %d's weights, fresher than sampler.max_staleness schedules", shown_path(folder),
+                 trainer.step + 1, trainer.step + trainer.cfg.sampler.max_staleness, trainer.step)
     log.info("resumed from %s (step %d)", shown_path(folder), trainer.step)
+
+
+def saved_rollouts(folder: Path) -> list[dict[str, Any]]:
+    """The rollouts a checkpoint holds in flight (`RolloutPipeline.state`), [] where it holds none."""
+    path = folder / "state" / ROLLOUTS_FILE
+    if not path.is_file():
+        return []
+    try:
+        return torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+        raise checkpoint.CheckpointError(f"corrupt rollouts in flight in {path}: {str(e).splitlines()[0]}; resume "
+                                         "from another checkpoint with trainer.resume=PATH") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import inspect
 import resource
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -102,13 +103,15 @@ class Worker:
     critic seed the process before building (every rank builds the same initial weights, e.g.
     LoRA's A), then per rank (`replica_seed`: different dropout masks)."""
 
-    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights", "peak_memory_gb", "release_memory")
+    OWN_METHODS = ("save", "load", "rng_state", "set_rng_state", "push_weights", "peak_memory_gb", "release_memory",
+                   "busy_seconds")
 
     def __init__(self, role: str, cfg: DictConfig, device: str):
         bound_cpu_kernel_caches()
         if torch.device(device).type == "cpu":  # its activations and gradients live in host memory
             keep_freed_host_memory()
         self.role = role
+        self.busy_s = 0.0  # seconds in calls since `busy_seconds` last read them
         seeded = role in DISTRIBUTED_ROLES
         if seeded:
             torch.manual_seed(cfg.trainer.seed)  # CPU and every CUDA device
@@ -117,9 +120,21 @@ class Worker:
             torch.manual_seed(replica_seed(cfg.trainer.seed, self.engine.rank))
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run `method`, a name from `method_name` (Ray calls an actor's methods by name)."""
+        """Run `method`, a name from `method_name` (Ray calls an actor's methods by name), timed into
+        `busy_seconds`; not `push_weights`, which mostly waits for the rollout workers to take them."""
         target = self if method in self.OWN_METHODS else self.engine
-        return getattr(target, method)(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return getattr(target, method)(*args, **kwargs)
+        finally:
+            if method != "push_weights":
+                self.busy_s += time.perf_counter() - start
+
+    def busy_seconds(self) -> float:
+        """Seconds this worker spent in calls since the last `busy_seconds` (the `perf/<role>/idle_share`
+        metrics: how much of the time a pool waits)."""
+        busy, self.busy_s = self.busy_s, 0.0
+        return busy
 
     def save(self, checkpoint: str, marker: str) -> None:
         """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state,

@@ -1,7 +1,7 @@
-"""sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, issue 51): lock-step by
-default; what a lagged policy cannot do is refused (exit 2, one line naming both keys, before any model
-loads), each rule apart and before the refusal of the pipeline itself, which is not built yet; a
-changed lag is refused on resume."""
+"""sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, docs/async.md): lock-step
+by default; what a lagged policy cannot do is refused (exit 2, one line naming both keys, before any
+model loads), each rule apart; partial rollouts are refused as not built; a changed lag is refused on
+resume."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from ppo_trainer.config.composition import compose
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.run.resume import REFUSED, check_config
 
-RAY = ("devices.backend=ray",)
-NOT_BUILT = "'sampler.max_staleness' is 1, but the asynchronous rollout pipeline is not built yet"
+RAY = ("devices.backend=ray", "algorithm.rollout_correction=tis")
 
 
 def message(line: str) -> str:
@@ -36,37 +35,42 @@ def test_a_negative_staleness_exits_2_saying_0_is_lock_step(ppo_train_error):
 
 @pytest.mark.usefixtures("no_model_loading")
 def test_staleness_without_recomputed_old_logprobs_exits_2_naming_both_keys(ppo_train_error):
-    line = ppo_train_error(*RAY, "sampler.max_staleness=1", "algorithm.recompute_old_logprobs=false")
+    line = ppo_train_error("devices.backend=ray", "sampler.max_staleness=1", "algorithm.recompute_old_logprobs=false")
     assert message(line).startswith("'sampler.max_staleness' is 1 with algorithm.recompute_old_logprobs=false")
     assert "set algorithm.recompute_old_logprobs=true, or sampler.max_staleness=0" in line
 
 
 @pytest.mark.usefixtures("no_model_loading")
+def test_staleness_without_a_rollout_correction_exits_2_naming_both_keys(ppo_train_error):
+    line = ppo_train_error("devices.backend=ray", "sampler.max_staleness=1")
+    assert message(line).startswith("'sampler.max_staleness' is 1 with algorithm.rollout_correction=none")
+    assert "set algorithm.rollout_correction=tis (or mis), or sampler.max_staleness=0" in line
+
+
+@pytest.mark.usefixtures("no_model_loading")
 def test_staleness_on_the_local_backend_exits_2_naming_both_keys(ppo_train_error):
-    line = ppo_train_error("sampler.max_staleness=2")
+    line = ppo_train_error("algorithm.rollout_correction=tis", "sampler.max_staleness=2")
     assert message(line).startswith("'sampler.max_staleness' is 2 with devices.backend=local: one process cannot")
     assert "set devices.backend=ray, or sampler.max_staleness=0" in line
 
 
 @pytest.mark.usefixtures("no_model_loading")
-@pytest.mark.parametrize("accelerator", ["cuda", "npu"])
+@pytest.mark.parametrize("accelerator", ["cuda", "npu", "auto"])
 def test_staleness_with_colocated_accelerators_exits_2_naming_both_keys(ppo_train_error, accelerator):
     line = ppo_train_error(*RAY, "devices.colocate=true", f"devices.accelerator={accelerator}",
                            "sampler.max_staleness=1")
     assert message(line).startswith(f"'sampler.max_staleness' is 1 with devices.colocate=true on "
-                           f"devices.accelerator={accelerator}: vLLM sleeps")
-    assert "set devices.colocate=false, or sampler.max_staleness=0" in line
+                                    f"devices.accelerator={accelerator}: on GPUs and NPUs vLLM sleeps")
+    assert "set devices.colocate=false (or devices.accelerator=cpu), or sampler.max_staleness=0" in line
 
 
-@pytest.mark.usefixtures("no_model_loading")
 @pytest.mark.parametrize("placement", [
     ["devices.colocate=true"],  # on CPU nothing sleeps: colocated roles still overlap
     ["devices.colocate=false", "devices.accelerator=cuda"],
     ["sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit"],  # whole episodes lag like single turns
 ])
-def test_a_staleness_the_rules_allow_is_refused_until_the_pipeline_is_built(ppo_train_error, placement):
-    line = ppo_train_error(*RAY, *placement, "sampler.max_staleness=1")
-    assert message(line).startswith(NOT_BUILT) and line.endswith("set sampler.max_staleness=0")
+def test_a_staleness_the_rules_allow_composes(placement):
+    assert compose([*RAY, *placement, "sampler.max_staleness=1"]).sampler.max_staleness == 1
 
 
 @pytest.mark.usefixtures("no_model_loading")
@@ -76,6 +80,8 @@ def test_a_staleness_the_rules_allow_is_refused_until_the_pipeline_is_built(ppo_
     (["sampler=vllm", "sampler.max_staleness=1", "sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit"],
      "is true with sampler.multi_turn.env: an environment's episode"),
     (["sampler=vllm", "sampler.max_staleness=1"], "is true, but partial rollouts are not built yet"),
+    (["sampler=vllm", "sampler.max_staleness=1", "sampler.multi_turn.tools=[calculator]"],
+     "is true, but partial rollouts are not built yet"),
 ])
 def test_partial_rollouts_exit_2_naming_the_key_they_need(ppo_train_error, overrides, expected):
     line = ppo_train_error(*RAY, "sampler.partial_rollouts=true", *overrides)
