@@ -134,16 +134,22 @@ def addition_prompts(folder: Path, shape: dict, seed: int) -> Path:
 
 
 def bench_config(model_dir: Optional[Path], prompts: Path, shape: dict, device: str, dtype: str, output_dir: Path):
-    """The preset's config; `model_dir` None: the gsm8k_cpu recipe with the embedded model."""
+    """The preset's config (`bench_overrides`)."""
     from ppo_trainer.config.composition import compose
 
+    return compose(bench_overrides(model_dir, prompts, shape, device, dtype, output_dir))
+
+
+def bench_overrides(model_dir: Optional[Path], prompts: Path, shape: dict, device: str, dtype: str,
+                    output_dir: Path) -> list[str]:
+    """The preset's ppo-train overrides; `model_dir` None: the gsm8k_cpu recipe with the embedded model."""
     if model_dir is None:
         model = ["+experiment=gsm8k_cpu"]
     else:
         model = [f"model.path={model_dir}", "data.use_chat_template=false", "data.prompt_template='{question}'",
                  "data.instruction=''", f"data.max_prompt_length={shape['prompt_len']}",
                  f"algorithm.ppo_micro_batch_tokens={shape['micro_tokens']}", f"sampler.generate_batch_size={shape['prompts']}"]
-    return compose([
+    return [
         *model, f"model.dtype={dtype}", f"critic.dtype={dtype}", "model.lora.rank=0",
         f"sampler={shape['sampler']}", "sampler.n=1", f"sampler.max_new_tokens={shape['response_len']}",
         "sampler.ignore_eos=true", "data.source=files", f"data.train_files=[{prompts}]", f"data.val_files=[{prompts}]",
@@ -151,7 +157,7 @@ def bench_config(model_dir: Optional[Path], prompts: Path, shape: dict, device: 
         f"algorithm.ppo_mini_batch_size={shape['prompts'] // shape['mini_batches']}", "algorithm.ppo_epochs=1",
         "gae.kl_coef=0.001", f"devices={'gpu' if device == 'cuda' else 'cpu'}",
         f"trainer.output_dir={output_dir}", "trainer.loggers=[jsonl]", "trainer.total_steps=100",
-    ])
+    ]
 
 
 def matmul_params(model: torch.nn.Module) -> tuple[int, int]:

@@ -182,10 +182,10 @@ class SamplerConfig:  # rollout generation: the engine and its sampling settings
     generate_batch_size: int = field(default=64, metadata=at_least(1))
     # weight sync: MiB per bucket streamed from the actor to each rollout replica
     sync_bucket_mb: float = field(default=128.0, metadata=above(0))
-    # how many policy versions a step's samples may lag (asynchronous rollouts, issue 51): step s trains on
-    # samples generated with the weights after step max(0, s-1-max_staleness), so generation overlaps
-    # training. 0: lock-step, each step samples with the weights it updates. >= 1 is refused until the
-    # pipeline is built
+    # how many policy versions a step's samples may lag (asynchronous rollouts, docs/async.md): step s trains
+    # on samples generated with the weights after step max(0, s-1-max_staleness), so the next batches
+    # generate while this one trains. 0: lock-step, each step samples with the weights it updates. >= 1:
+    # devices.backend=ray, algorithm.rollout_correction tis or mis, not colocated on GPUs or NPUs
     max_staleness: int = field(default=0, metadata=at_least(0, why="0 is lock-step"))
     # samples still generating at a weight sync continue under the new weights instead of the sync waiting
     # for them (a sample may then span policy versions); sampler=vllm with max_staleness >= 1, single-turn or

@@ -212,12 +212,18 @@ def test_trainers_release_cached_memory_before_a_colocated_engine_wakes(accelera
     calls = []
     group = lambda name: SimpleNamespace(run_all=lambda method, *a, **k: calls.append((name, method.__name__)))  # noqa: E731
     trainer = Trainer.__new__(Trainer)
-    trainer.cfg = OmegaConf.create({"devices": {"colocate": colocate, "accelerator": accelerator}})
+    trainer.cfg = OmegaConf.create({"devices": {"colocate": colocate, "accelerator": accelerator},
+                                    "sampler": {"max_staleness": 0}})
     trainer.actor, trainer.critic, trainer.rollout = group("actor"), group("critic"), group("rollout")
     with trainer.rollout_awake():
         pass
     expected = [("actor", "release_memory"), ("critic", "release_memory")] if released else []
     assert calls == [*expected, ("rollout", "wake"), ("rollout", "sleep")]
+    calls.clear()
+    trainer.cfg.sampler.max_staleness = 1  # generating ahead: a sleep call would wait for that generation
+    with trainer.rollout_awake():
+        pass
+    assert calls == []
 
 
 def test_the_rollout_sleeps_after_a_validation_that_fails_and_the_failure_is_the_one_raised():

@@ -85,6 +85,30 @@ def test_sigterm_to_the_driver_alone_finishes_the_step_saves_and_the_rerun_conti
     assert latest(out) == "global_step_5" and sorted(metrics(out)) == [0, 1, 2, 3, 4, 5]
 
 
+def test_sigterm_with_a_rollout_generated_ahead_saves_it_and_no_worker_outlives_the_run(tmp_path):
+    """sampler.max_staleness=1: the step finishes and its checkpoint holds the rollout generated during
+    it (state/rollouts.pt); the Ray workers are gone when ppo-train returns; the rerun trains on that
+    rollout first and keeps the lag."""
+    out = tmp_path / "run"
+    lagged = [*RAY, "sampler.max_staleness=1", "algorithm.rollout_correction=tis", "trainer.total_steps=5"]
+    proc = start(out, *lagged)
+    wait_for_step(out, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    stopped_at = int(latest(out).rpartition("_")[2])
+    assert stopped_at < 5 and f"run stopped by SIGTERM after step {stopped_at} of 5" in stdout
+    assert (out / "checkpoints" / latest(out) / "state" / "rollouts.pt").is_file()
+    time.sleep(5)  # Ray's workers leave as their driver disconnects
+    left = subprocess.run(["pgrep", "-s", str(proc.pid), "-f", "ray::WorkerHost"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"Ray workers outlived the run: {left.stdout}"
+    rerun = run(out, *lagged)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from run/checkpoints/global_step_{stopped_at}" in rerun.stderr
+    staleness = {step: m.get("rollout/staleness/max") for step, m in metrics(out).items() if step}
+    assert staleness == {1: 0, 2: 1, 3: 1, 4: 1, 5: 1}
+
+
 def test_sigterm_to_the_process_group_of_a_ray_run_saves_the_step(tmp_path):
     """The shell's Ctrl-C or `kill -- -PGID`: the driver and the Ray processes it started (Ray puts its
     workers in process groups of their own) get SIGTERM. The step finishes, is saved, Ray is left at once."""
