@@ -298,8 +298,10 @@ def shared_device_peak(roles: list[Line], cfg: Any) -> tuple[float, str, str]:
     if cfg.sampler.name == "vllm" and cfg.devices.colocate and cfg.devices.accelerator != "cpu":
         return (resting + max(busiest, rollout.total), f"{kept} + the larger of {phase} and the rollout "
                 f"{gib(rollout.total)}", "vLLM sleeps while actor and critic compute")
+    beside = ("the trainers' phases one at a time, the rollout generating beside them (sampler.max_staleness)"
+              if cfg.sampler.max_staleness else "one phase computing at a time")
     return (resting + busiest + rollout.total, f"{kept} + {phase} + the rollout {gib(rollout.total)}",
-            "one device holds every role, one phase computing at a time")
+            f"one device holds every role, {beside}")
 
 
 def _reward_model_path(cfg: Any) -> Optional[str]:

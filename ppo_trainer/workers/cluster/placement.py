@@ -170,7 +170,8 @@ def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
         for role in p.roles if len(p.roles) > 1 else ():
             r = placement.roles[role]
             share = format_resources(worker_resources(kind, r.share))
-            sleeps = " (its engine sleeps while actor and critic train)" if role == "rollout" else ""
+            # vLLM's sleep mode is off on CPUs (and sampler.max_staleness >= 1 is refused where it is on)
+            sleeps = " (its engine sleeps while actor and critic train)" if role == "rollout" and kind.name != "cpu" else ""
             lines.append(f"    {role:8s} {r.world_size} worker{'s' if r.world_size > 1 else ''}, rank i on "
                          f"bundle i (bundles {_ranges(range(r.world_size))}), each {share}{sleeps}")
     return lines
