@@ -12,6 +12,24 @@ from ppo_trainer.config.composition import compose
 from ppo_trainer.run.trainer_state import ROLLOUTS_FILE
 from ppo_trainer.trainer import run_training
 
+# An environment in OpenRLHF's shape: feedback after the first answer, done after the second.
+TWO_STEP_AGENT = """
+from ppo_trainer.agents import AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    def reset(self, states, **kwargs):
+        return {"observation": states["observation"]}
+
+    def step(self, states, **kwargs):
+        self.turn += 1
+        done = self.turn >= 2
+        return {"rewards": 0.5 * self.turn, "environment_feedback": "" if done else " again:", "done": done}
+"""
+
 
 def read_metrics(output_dir) -> dict[int, dict]:
     return {m["step"]: m for m in map(json.loads, (output_dir / "metrics.jsonl").read_text().splitlines())}
@@ -37,3 +55,19 @@ def test_a_lag_of_one_trains_on_the_fixed_schedule_and_resumes_exactly(ray_clust
     assert all(0 <= expected[s][f"perf/{role}/idle_share"] <= 1 for s in (1, 2, 3) for role in ("actor", "rollout"))
     keys = {k for k in expected[3] if not k.startswith(("timing_s/", "perf/"))}
     assert {k: got[3][k] for k in keys} == {k: expected[3][k] for k in keys}
+
+
+def test_whole_multi_turn_episodes_are_generated_ahead(ray_cluster, tmp_path):
+    """An environment's episodes lag like single turns: the rollout workers run them whole, ahead."""
+    agent = tmp_path / "agent_func.py"
+    agent.write_text(TWO_STEP_AGENT)
+    out = tmp_path / "run"
+    run_training(compose(["+experiment=smoke", "devices.backend=ray", "devices.accelerator=cpu",
+                          "devices.devices_per_node=4", f"devices.ray.address={ray_cluster}",
+                          "sampler.max_staleness=1", "algorithm.rollout_correction=tis",
+                          f"sampler.multi_turn.env={agent}:AgentInstance", "sampler.multi_turn.max_turns=2",
+                          "trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0",
+                          "trainer.loggers=[jsonl]", f"trainer.output_dir={out}"]))
+    metrics = read_metrics(out)
+    assert [metrics[s]["rollout/staleness/max"] for s in (1, 2)] == [0, 1]
+    assert all(metrics[s]["num_turns/mean"] == 2 for s in (1, 2))  # the agent ends each episode at its 2nd step
