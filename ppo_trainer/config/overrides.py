@@ -32,9 +32,6 @@ def unknown_key_error(key: str) -> ConfigError:
     if moved is not None:
         return ConfigError(f"unknown config key '{key}': '{moved}' moved to '{MOVED_KEYS[moved]}' (verl's spelling, "
                            f"like the actor's model.optim); write {MOVED_KEYS[moved]}{key[len(moved):]}=...")
-    if key.startswith("critic.lora"):
-        return ConfigError(f"'{key}': LoRA on the critic is not supported; the critic (value model) is trained "
-                           "full-parameter. Remove the key (LoRA for the actor is model.lora.rank).")
     parent, _, leaf = key.rpartition(".")
     siblings = sorted(k.rpartition(".")[2] for k in _KEYS if k.rpartition(".")[0] == parent)
     if not siblings:

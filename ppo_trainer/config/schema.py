@@ -6,7 +6,7 @@ field against its rule in one loop, scripts/gen_config_docs.py prints both into 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
@@ -73,7 +73,7 @@ ROW_KEY = matching(".+", "a non-empty key", null="for the layout's default")
 
 
 @dataclass
-class LoraConfig:  # LoRA adapters on the actor (model.lora.rank > 0); the reference is the base model without them
+class LoraConfig:  # LoRA adapters (rank > 0) of the actor (its reference: the base without them) or the critic
     rank: int = field(default=0, metadata=at_least(0, why="0 = full fine-tuning"))  # adapter rank; 0 = full fine-tuning
     alpha: int = field(default=16, metadata=above(0))  # scaling of the adapters' update (alpha / rank)
     dropout: float = field(default=0.0, metadata=within("[0, 1)"))  # dropout on the adapters' input
@@ -114,7 +114,7 @@ class ModelConfig:  # the actor; the reference and, by default, the critic start
 
 
 @dataclass
-class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(hidden, 1) head
+class CriticConfig:  # the value model: a backbone (full-parameter, or LoRA: critic.lora) plus a Linear(hidden, 1) head
     path: Optional[str] = None  # the critic's starting weights; None: the actor's model.path
     dtype: str = field(default="auto", metadata=choice(*DTYPES))  # as model.dtype
     gradient_checkpointing: bool = False  # as model.gradient_checkpointing
@@ -127,6 +127,8 @@ class CriticConfig:  # the value model: a full-parameter backbone plus a Linear(
     # regression: refitted before the first values, backbone frozen, by ridge regression on step 1's
     # Monte Carlo returns (docs/learning.md)
     value_head_init: str = field(default="loaded", metadata=choice(*choices.VALUE_HEAD_INITS))
+    # LoRA adapters on the backbone, as model.lora (verl's critic.model.lora_rank); the value head is trained in full
+    lora: LoraConfig = field(default_factory=LoraConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # the critic's own AdamW, as in verl
 
 
@@ -521,8 +523,8 @@ def schema_rules(schema: type = PPOConfig, prefix: str = "") -> dict[str, tuple[
 MOVED_KEYS = {f"critic.{f.name}": f"critic.optim.{f.name}" for f in fields(OptimConfig)}
 # Keys added since older runs saved their configs, with the value those runs trained with: a saved config
 # without one is read with it (composition.load_saved), so that a resume sees no change where there was none
-# (a run from before algorithm.adv_estimator trained GAE with its critic).
-ADDED_KEYS = {"algorithm.adv_estimator": "gae"}
+# (a run from before algorithm.adv_estimator trained GAE with its critic, one from before critic.lora a full critic).
+ADDED_KEYS = {"algorithm.adv_estimator": "gae", "critic.lora": asdict(LoraConfig())}
 
 
 # ppo_trainer/config/yaml_tree/ in an installed wheel (package data), configs/ at the root of a checkout.

@@ -97,7 +97,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"invalid value for '{key}': {str(e).splitlines()[0]}") from None
     check_fields(cfg)
-    m, s, g, a, d, dev, t = cfg.model, cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
+    s, g, a, d, dev, t = cfg.sampler, cfg.gae, cfg.algorithm, cfg.data, cfg.devices, cfg.trainer
 
     _require(s.vllm.kv_cache_gb is None or s.vllm.gpu_memory_utilization is None, "sampler.vllm.kv_cache_gb",
              "and sampler.vllm.gpu_memory_utilization are both set: size vLLM's memory by one of them (kv_cache_gb: "
@@ -108,8 +108,10 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _require(g.advantage_std_scale or g.normalize_advantages, "gae.advantage_std_scale",
              "is false with gae.normalize_advantages=false: it only chooses how advantages are normalized; "
              "set gae.normalize_advantages=true to subtract the mean only, or leave gae.advantage_std_scale true")
-    if m.lora.rank > 0:
-        _require(len(m.lora.target_modules) > 0, "model.lora.target_modules", "must name at least one module")
+    for side in ("model", "critic"):
+        lora = cfg[side].lora
+        _require(lora.rank == 0 or len(lora.target_modules) > 0, f"{side}.lora.target_modules",
+                 f"must name at least one module with {side}.lora.rank={lora.rank}")
     eval_t = cfg.eval.temperature
     _require(not (eval_t == 0 and cfg.eval.n > 1), "eval.n",
              f"is {cfg.eval.n} with eval.temperature=0: greedy samples of a prompt are all the same; "
@@ -209,7 +211,7 @@ def url_credentials_error(url: str) -> ConfigError:
 
 def _estimator_checks(cfg: DictConfig) -> None:
     """algorithm.adv_estimator against the keys it needs or makes meaningless: groups of samples
-    for grpo and rloo; no critic to start from a path or to warm up for a critic-free one."""
+    for grpo and rloo; no critic to start from a path, adapt or warm up for a critic-free one."""
     a, estimator = cfg.algorithm, cfg.algorithm.adv_estimator
     _require(estimator not in GROUP_ESTIMATORS or cfg.sampler.n >= 2, "sampler.n",
              f"is {cfg.sampler.n}, but algorithm.adv_estimator={estimator} compares each sample with the other "
@@ -222,6 +224,9 @@ def _estimator_checks(cfg: DictConfig) -> None:
     _require(cfg.critic.path is None, "critic.path",
              f"is set, but algorithm.adv_estimator={estimator} is critic-free and builds no critic; remove "
              "critic.path, or set algorithm.adv_estimator=gae")
+    _require(cfg.critic.lora.rank == 0, "critic.lora.rank",
+             f"is {cfg.critic.lora.rank}, but algorithm.adv_estimator={estimator} is critic-free and builds no critic; "
+             "set critic.lora.rank=0, or algorithm.adv_estimator=gae")
 
 
 def _staleness_checks(cfg: DictConfig) -> None:

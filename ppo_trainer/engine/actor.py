@@ -17,8 +17,9 @@ from ppo_trainer.core.losses import actor_loss, positive_examples
 from ppo_trainer.engine.distributed import barrier, resolve_device
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts
-from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, lora_scalings, merge_lora_state_dict
+from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
 from ppo_trainer.models.export import save_hf_weights
+from ppo_trainer.models.lora import lora_scalings, merge_lora_state_dict, save_adapter
 from ppo_trainer.models.packing import shares_prompts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -57,7 +58,7 @@ class ActorEngine(FSDPEngine):
                             trust_remote_code=cfg.trust_remote_code,
                             gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora, dtype=base_dtype)
         self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
-        self.lora_scalings = lora_scalings(self.policy) if self.policy.is_lora else {}
+        self.lora_scalings = lora_scalings(self.policy.lm) if self.policy.is_lora else {}
         super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
                          total_steps, share_prompts=shares_prompts(lm))
         self.reference: Optional[FSDPEngine] = None
@@ -169,14 +170,7 @@ class ActorEngine(FSDPEngine):
         state = self._gathered()
         if self.rank == 0:
             if self.policy.is_lora:
-                from peft import get_peft_model_state_dict
-                from safetensors.torch import save_file
-
-                folder.mkdir(parents=True, exist_ok=True)
-                adapter = get_peft_model_state_dict(self.policy.lm, state_dict=state)
-                self.policy.lm.peft_config["default"].save_pretrained(str(folder))
-                save_file({k: v.contiguous() for k, v in adapter.items()}, folder / "adapter_model.safetensors",
-                          metadata={"format": "pt"})
+                save_adapter(self.policy.lm, state, folder)
                 self._copy_tokenizer(folder)
                 if merged_folder is not None:
                     self._write_model(Path(merged_folder), merge_lora_state_dict(state, self.lora_scalings))

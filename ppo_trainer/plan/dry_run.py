@@ -134,7 +134,8 @@ def critic_summary(cfg: DictConfig) -> str:
         return (f"none (algorithm.adv_estimator={cfg.algorithm.adv_estimator} is critic-free: the critic.* keys "
                 "and devices.critic are not used)")
     c = cfg.critic
-    return (f"{c.path or cfg.model.path} (full-parameter, lr {c.optim.lr}, value_clip {c.value_clip}, "
+    backbone = f"LoRA rank {c.lora.rank}, value head in full" if c.lora.rank > 0 else "full-parameter"
+    return (f"{c.path or cfg.model.path} ({backbone}, lr {c.optim.lr}, value_clip {c.value_clip}, "
             f"{critic_epochs(cfg)} epoch(s) per step, value head from {critic_head(cfg)})")
 
 

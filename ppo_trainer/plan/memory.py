@@ -136,8 +136,16 @@ def activation_bytes(dims: Dims, tokens: int, sequence: int, dtype_bytes: int, c
     return dims.layers * per_layer
 
 
-def trainer_line(role: str, cfg: Any, dims: Dims, ranks: int, lora_rank: int) -> Line:
-    """The actor's or critic's share of one of its `ranks` devices (FSDP shards the states)."""
+def trainable_params(role: str, lora: Any, dims: Dims) -> int:
+    """The parameters a LoRA `role` trains: rank x (in + out) per adapted projection of each layer, and the
+    critic's value head (hidden + 1), always trained in full."""
+    adapter = dims.layers * sum(lora.rank * sum(dims.projection(m)) for m in lora.target_modules)
+    return adapter + (dims.hidden + 1 if role == "critic" else 0)
+
+
+def trainer_line(role: str, cfg: Any, dims: Dims, ranks: int) -> Line:
+    """The actor's or critic's share of one of its `ranks` devices (FSDP shards the states): with LoRA
+    the frozen base in the compute dtype, and float32 weights, gradients and AdamW moments of what it trains."""
     side = cfg.model if role == "actor" else cfg.critic
     b = compute_bytes(cfg, "model" if role == "actor" else "critic")
     a = cfg.algorithm
@@ -145,9 +153,9 @@ def trainer_line(role: str, cfg: Any, dims: Dims, ranks: int, lora_rank: int) ->
     activations = activation_bytes(dims, a.ppo_micro_batch_tokens, sequence, b, side.gradient_checkpointing,
                                    cfg.model.attn_implementation)
     gathered = b * (dims.embedding_params + dims.layer_params)  # FSDP: the root and one layer unsharded at a time
-    if lora_rank:
-        adapter = dims.layers * sum(lora_rank * sum(dims.projection(m)) for m in cfg.model.lora.target_modules)
-        parts = {"weights": b * dims.params / ranks + 4 * adapter, "gradients": 4 * adapter, "optimizer": 8 * adapter}
+    if side.lora.rank:
+        trained = trainable_params(role, side.lora, dims)
+        parts = {"weights": b * dims.params / ranks + 4 * trained, "gradients": 4 * trained, "optimizer": 8 * trained}
     else:
         parts = {"weights": 4 * dims.params / ranks, "gradients": 4 * dims.params / ranks,
                  "optimizer": 8 * dims.params / ranks}
@@ -226,12 +234,12 @@ def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
         return lines + [f"  unknown: {name}: {why}" for name, why in unknown]
     device_bytes, device_name = device_memory(cfg)
     dev = cfg.devices
-    roles = [trainer_line("actor", cfg, actor_dims, dev.actor.num_devices, cfg.model.lora.rank)]
+    roles = [trainer_line("actor", cfg, actor_dims, dev.actor.num_devices)]
     if uses_reference and not cfg.model.lora.rank:
         roles.append(Line("reference", {"weights": compute_bytes(cfg, "model") * actor_dims.params
                                         / dev.actor.num_devices}, "a frozen copy"))
     if uses_critic(cfg):  # a critic-free algorithm.adv_estimator builds none
-        roles.append(trainer_line("critic", cfg, critic_dims, dev.critic.num_devices, 0))
+        roles.append(trainer_line("critic", cfg, critic_dims, dev.critic.num_devices))
     roles.append(rollout_line(cfg, actor_dims, device_bytes))
     reward_path = _reward_model_path(cfg)
     if reward_path:
@@ -249,8 +257,8 @@ def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
     if over:
         lines.append(f"WARNING: {', '.join(over)} would need more than the device's {gib(device_bytes)} GiB: lower "
                      "algorithm.ppo_micro_batch_tokens, set model.gradient_checkpointing=true and "
-                     "critic.gradient_checkpointing=true, lower sampler.vllm.kv_cache_gb, use LoRA (model.lora.rank), "
-                     "or spread the roles over more devices (devices.*.num_devices)")
+                     "critic.gradient_checkpointing=true, lower sampler.vllm.kv_cache_gb, use LoRA (model.lora.rank, "
+                     "critic.lora.rank), or spread the roles over more devices (devices.*.num_devices)")
     return lines
 
 

@@ -3,8 +3,9 @@ resume resolution. Inside `<output_dir>/checkpoints/`:
 
 | entry                         | what                                                            |
 |-------------------------------|-----------------------------------------------------------------|
-| global_step_N/                | actor/, critic/ (actor_merged/ with LoRA), state/ (actor/ and   |
-|                               | critic/: DCP shards; trainer.json, rng.pt, config.yaml), and    |
+| global_step_N/                | actor/, critic/ (with LoRA: the adapters, and actor_merged/,    |
+|                               | critic_merged/), state/ (actor/ and critic/: DCP shards;        |
+|                               | trainer.json, rng.pt, config.yaml), and                         |
 |                               | manifest/<role>.<rank>.json: what each worker rank wrote; no    |
 |                               | critic parts when algorithm.adv_estimator is critic-free        |
 | latest, best                  | one line each: the step folder they name                        |

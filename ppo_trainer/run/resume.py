@@ -30,7 +30,8 @@ log = logging.getLogger("ppo_trainer")
 # environment or tool set (another task), another lag of the samples behind the policy (the rollouts in flight
 # at the checkpoint were generated for its schedule: sampler.max_staleness, sampler.partial_rollouts).
 REFUSED = (
-    "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules", "algorithm.adv_estimator",
+    "model.path", "critic.path", "model.lora.rank", "model.lora.target_modules", "critic.lora.rank",
+    "critic.lora.target_modules", "algorithm.adv_estimator",
     "data.source", "data.hub_config", "data.train_split", "data.train_files", "data.train_weights",
     "data.prompt_key", "data.answer_key", "data.source_key", "data.shuffle", "data.train_batch_size",
     "data.arithmetic.train_size", "data.arithmetic.max_operand", "data.arithmetic.two_step_fraction",

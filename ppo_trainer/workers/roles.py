@@ -137,7 +137,7 @@ class Worker:
         return busy
 
     def save(self, checkpoint: str, marker: str) -> None:
-        """HF export into <checkpoint>/<role> (LoRA actor: merged into actor_merged too), resume state,
+        """HF export into <checkpoint>/<role> (with LoRA: merged into <role>_merged too), resume state,
         and this rank's manifest of what it wrote (`checkpoint.verify` reads it before the commit).
         First, the staged folder must be the driver's: it holds the `marker` token the driver wrote
         (`cluster.write_marker`), else SharedFolderError and nothing is written."""
@@ -145,10 +145,10 @@ class Worker:
         problem = folder_problem(root, marker)
         if problem:
             raise SharedFolderError(f"{this_node()} {problem}")
-        merged = ["actor_merged"] if self.role == "actor" else []
-        self.engine.save_hf(root / self.role, *(root / name for name in merged))
+        merged = f"{self.role}_merged"  # written by a LoRA engine only; the manifest lists the folders there are
+        self.engine.save_hf(root / self.role, root / merged)
         self.engine.save_state(root / "state" / self.role)
-        write_manifest(root, self.role, self.engine.rank, [self.role, *merged, f"state/{self.role}"])
+        write_manifest(root, self.role, self.engine.rank, [self.role, merged, f"state/{self.role}"])
 
     def load(self, checkpoint: str) -> None:
         self.engine.load_state(Path(checkpoint) / "state" / self.role)

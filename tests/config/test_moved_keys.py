@@ -55,7 +55,10 @@ def test_a_saved_config_reads_each_flat_critic_key_at_its_new_place_and_says_so_
                                      "critic": {"path": None, "lr": 3e-5, "betas": [0.8, 0.9], "grad_clip": 0.5}}), path)
     with caplog.at_level(logging.INFO, logger="ppo_trainer"):
         first, second = load_saved(path), load_saved(path)
-    expected = {"path": None, "optim": {"lr": 3e-5, "betas": [0.8, 0.9], "grad_clip": 0.5}}
+    # critic.lora, added since, at the full critic the run trained (schema.ADDED_KEYS)
+    expected = {"path": None, "optim": {"lr": 3e-5, "betas": [0.8, 0.9], "grad_clip": 0.5},
+                "lora": schema.ADDED_KEYS["critic.lora"]}
+    assert expected["lora"]["rank"] == 0
     assert OmegaConf.to_container(first.critic) == OmegaConf.to_container(second.critic) == expected
     assert moved_lines(caplog) == [f"config: {path} was saved with keys that have moved since; read at their new "
                                    "places: critic.lr -> critic.optim.lr, critic.betas -> critic.optim.betas, "

@@ -172,10 +172,11 @@ def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir
     torch.testing.assert_close(got * batch.response_mask, critic.compute_values(batch), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("role", ["actor", "lora-actor", "critic"])
+@pytest.mark.parametrize("role", ["actor", "lora-actor", "critic", "lora-critic"])
 def test_save_reload_and_continue_equals_not_stopping(tiny_model_dir, batch, tmp_path, role):
     make = {"actor": make_actor, "critic": make_critic,
-            "lora-actor": lambda d, **k: make_actor(d, lora=LoraConfig(rank=4, alpha=8), **k)}[role]
+            "lora-actor": lambda d, **k: make_actor(d, lora=LoraConfig(rank=4, alpha=8), **k),
+            "lora-critic": lambda d, **k: make_critic(d, lora=LoraConfig(rank=4, alpha=8), **k)}[role]
     second = random_batch(PROMPT_LENS, RESPONSE_LENS, seed=1)
     engine = make(tiny_model_dir, mini_batch_size=4)
     engine.update(batch)

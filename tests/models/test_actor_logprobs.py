@@ -10,13 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ppo_trainer.config.schema import LoraConfig
-from ppo_trainer.models.actor import (
-    CausalLMPolicy,
-    load_causal_lm,
-    lora_scalings,
-    merge_lora_state_dict,
-    response_logprobs,
-)
+from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm, response_logprobs
+from ppo_trainer.models.lora import lora_scalings, merge_lora_state_dict
 
 
 class PeakMemory(TorchDispatchMode):
@@ -232,7 +227,7 @@ def test_merged_lora_state_dict_loads_into_the_plain_model_with_the_adapters_out
         for name, p in lora.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
-    merged = merge_lora_state_dict(lora.lm.state_dict(), lora_scalings(lora))
+    merged = merge_lora_state_dict(lora.lm.state_dict(), lora_scalings(lora.lm))
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert set(merged) == set(plain.state_dict())
     plain.load_state_dict(merged)

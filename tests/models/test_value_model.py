@@ -1,5 +1,5 @@
 """ValueModel: V(s_t) alignment, shapes, zero-initialised head, save/load round trip (as a Hugging
-Face token-classification model, and the older backbone + value_head format), no LoRA."""
+Face token-classification model, and the older backbone + value_head format); LoRA: test_lora_critic_folder."""
 
 from __future__ import annotations
 
@@ -126,15 +126,19 @@ def test_backbone_of_a_saved_value_model_loads_with_automodel(value_model, tmp_p
         assert torch.equal(backbone.state_dict()[key], value)
 
 
-def test_lora_adapter_folder_is_rejected_for_the_critic(tiny_model_dir, tmp_path):
+def test_an_actors_lora_adapter_is_rejected_for_the_critic_before_it_loads(tiny_model_dir, tmp_path):
+    """An adapter without a value head (a LoRA actor's) is no critic; a LoRA critic's is (test_lora_critic_folder)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+
+    from ppo_trainer.models.loading import model_path_problem
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]))
     model.save_pretrained(tmp_path / "adapter")
-    with pytest.raises(ValueError, match="full-parameter"):
+    with pytest.raises(ValueError, match="a LoRA adapter without a value head"):
         ValueModel.from_pretrained(tmp_path / "adapter")
+    assert "actor_merged" in model_path_problem(str(tmp_path / "adapter"), "critic.path", part="critic")
 
 
 def test_a_critic_started_from_a_reward_model_takes_its_backbone_and_score_head(tmp_path):

@@ -53,8 +53,8 @@ def test_activations_by_hand():
 def test_a_shared_device_holds_what_stays_plus_the_busiest_phase():
     cfg = compose(["+experiment=gsm8k_cpu", "model.dtype=float32", "critic.dtype=float32"])
     lines = memory_plan.memory_plan(cfg, uses_reference(cfg))
-    actor = memory_plan.trainer_line("actor", cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], 1, 32)
-    critic = memory_plan.trainer_line("critic", cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], 1, 0)
+    actor = memory_plan.trainer_line("actor", cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], 1)
+    critic = memory_plan.trainer_line("critic", cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], 1)
     rollout = memory_plan.rollout_line(cfg, KNOWN_DIMS["embedded:smollm2-135m-instruct"], None)
     stays = sum(v for line in (actor, critic) for k, v in line.parts.items() if k not in memory_plan.TRANSIENT)
     busiest = max(sum(line.parts.get(k, 0) for k in memory_plan.TRANSIENT) for line in (actor, critic))
@@ -62,6 +62,24 @@ def test_a_shared_device_holds_what_stays_plus_the_busiest_phase():
     total = next(line for line in lines if line.startswith("  total"))
     assert total.startswith(f"  total        {expected / GIB:.2f} GiB per device")
     assert rollout.parts["weights"] == 2 * 4 * 134_515_008  # the CPU build keeps two float32 copies
+
+
+def test_a_lora_critic_holds_its_base_and_the_states_of_its_adapters_and_value_head():
+    """SmolLM2's 7 projections a layer at rank 8: 8 x (1152 + 768 + 768 + 1152 + 3 x 2112) x 30 layers
+    = 2,442,240 adapter parameters, + 577 of the value head: float32 weights, gradients, AdamW moments."""
+    from ppo_trainer.plan.dry_run import describe_plan
+
+    dims = KNOWN_DIMS["embedded:smollm2-135m-instruct"]
+    full = compose(["+experiment=gsm8k_cpu", "critic.dtype=float32"])
+    lora = compose(["+experiment=gsm8k_cpu", "critic.dtype=float32", "critic.lora.rank=8"])
+    full_line, lora_line = (memory_plan.trainer_line("critic", cfg, dims, 1) for cfg in (full, lora))
+    trained = 2_442_240 + 577
+    assert memory_plan.trainable_params("critic", lora.critic.lora, dims) == trained
+    assert lora_line.parts["weights"] == 4 * dims.params + 4 * trained
+    assert (lora_line.parts["gradients"], lora_line.parts["optimizer"]) == (4 * trained, 8 * trained)
+    assert lora_line.total == full_line.total - 12 * dims.params + 16 * trained  # 16 -> 4 bytes a base parameter
+    critic_line = next(line for line in describe_plan(lora, []).splitlines() if line.startswith("critic:    "))
+    assert f"(LoRA rank 8, value head in full, lr {lora.critic.optim.lr}," in critic_line
 
 
 def test_a_plan_over_the_device_warns_naming_the_keys(monkeypatch):

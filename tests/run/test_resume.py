@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from ppo_trainer.config.composition import compose
 from ppo_trainer.config.schema import ConfigError
 from ppo_trainer.engine.optim import lr_factor
+from ppo_trainer.run import checkpoint, resume
 from ppo_trainer.run import folder as run_folder
-from ppo_trainer.run import resume
 from ppo_trainer.run.checkpoint import CheckpointError
 from ppo_trainer.trainer import Trainer, run_training
 
@@ -134,6 +134,8 @@ def test_keys_read_every_step_follow_the_command_line(run_copy, capsys):
     ("sampler.n=4", "sampler.n 2 -> 4"),
     ("trainer.seed=1", "trainer.seed 0 -> 1"),
     ("model.lora.rank=4", "model.lora.rank 0 -> 4"),
+    ("critic.lora.rank=4", "critic.lora.rank 0 -> 4"),
+    ("critic.lora.target_modules=[q_proj]", "critic.lora.target_modules"),
     ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator gae -> grpo"),
     ("data.arithmetic.train_size=128", "data.arithmetic.train_size 256 -> 128"),
     ("model.path=embedded:smollm2-135m-instruct", "model.path random:tiny -> embedded:smollm2-135m-instruct"),
@@ -170,6 +172,17 @@ def test_a_dtype_resolved_differently_here_is_printed(caplog):
         resume.check_dtypes({"step": 7, "dtypes": {"actor": "bfloat16"}}, {"actor": "float32"})
     assert caplog.messages == ["resume: the actor computes in float32 here, in bfloat16 when step 7 was saved "
                                "(dtype=auto on another device)"]
+
+
+def test_a_checkpoint_from_before_critic_lora_resumes_with_no_change_of_it(run_copy):
+    """Its saved config has no critic.lora: read as the full critic it trained (config.schema.ADDED_KEYS)."""
+    saved = run_copy / "checkpoints" / "global_step_2" / "state" / "config.yaml"
+    config = OmegaConf.load(saved)
+    del config.critic["lora"]
+    OmegaConf.save(config, saved)
+    current = compose([*BASE, f"trainer.output_dir={run_copy}"])
+    changes = resume.config_changes(checkpoint.saved_config(saved.parents[1]), current)
+    assert [key for key, _, _ in changes if key.startswith("critic.lora")] == []
 
 
 def test_a_checkpoint_without_its_config_is_refused_as_corrupt_naming_the_folder(run_copy):
