@@ -102,6 +102,7 @@ class Trainer:
         self.best: Optional[dict[str, Any]] = None  # {"step", "value"}: the best validated objective so far
         self._stop_requested: Optional[str] = None  # the name of the signal that asked to stop
         self._stop_deadline: Optional[threading.Timer] = None
+        self.perf_clock = time.perf_counter()  # the idle shares count from here (`fit` restarts it)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, command: Sequence[str] = ()) -> "Trainer":
