@@ -60,7 +60,7 @@ def eval_temperature(temperature: Optional[float], n: int, sampler_temperature: 
 def validation_seed(seed: int, step: int) -> int:
     """The sampling seed of the validation after `step`: fixed by (trainer.seed, step), so a
     resumed run and ppo-eval of that step's checkpoint draw the same samples; not the seed of the
-    step's training samples (`trainer.step_seed`)."""
+    step's training samples (`run.pipeline.step_seed`)."""
     return (seed * 1_000_003 + step * 7_919 + 104_729) % (2**31 - 1)
 
 
