@@ -93,8 +93,10 @@ def loader_position(output_dir: Path, step: int) -> int:
     return state["loader"]["parts"][0]["position"]
 
 
-def test_a_flat_reward_fills_at_the_cap_every_step_and_trains(tmp_path):
-    run_training(compose([*SMOKE, "trainer.total_steps=2", f"trainer.output_dir={tmp_path}"]))
+@pytest.mark.parametrize("metric", ["score", "acc"])
+def test_a_flat_reward_fills_at_the_cap_every_step_and_trains(tmp_path, metric):
+    run_training(compose([*SMOKE, "trainer.total_steps=2", f"algorithm.filter_groups_metric={metric}",
+                          f"trainer.output_dir={tmp_path}"]))
     for step in (1, 2):
         got = read_metrics(tmp_path)[step]  # the smoke reward is 0 for every sample
         assert (got["filter/kept_groups"], got["filter/draws"], got["filter/filled_groups"]) == (0.0, 3.0, 4.0)
