@@ -54,6 +54,7 @@ from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.multi_turn import multi_turn_metrics
 from ppo_trainer.run import checkpoint, resume, trainer_state
 from ppo_trainer.run import folder as run_folder
+from ppo_trainer.run.filtering import Draw, fill_groups
 from ppo_trainer.run.pipeline import RolloutPipeline
 from ppo_trainer.tracking import Tracker
 from ppo_trainer.workers import watchdog
@@ -237,14 +238,11 @@ class Trainer:
             if batch.episodes is not None:
                 metrics.update(multi_turn_metrics(batch))
             with timer("reward"):
-                scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
-                metrics.update(reward_metrics(scores, cfg.reward))
-                shaped = torch.tensor(scores.values, dtype=torch.float64)  # training only: validation is unshaped
-                for name, penalty in shaping.penalties(batch.truncated, batch.row_extents()[1], response_budget(cfg.sampler),
-                                                       cfg.reward).items():
-                    shaped = shaped - penalty
-                    metrics[f"reward/{name}"] = penalty.mean().item()
-                batch = batch.with_fields(scores=shaped.float())
+                batch = self.score(records, batch, metrics)  # the first draw's reward/*: unbiased by filtering
+            if a.filter_groups:  # DAPO's dynamic sampling (run/filtering.py)
+                with timer("filter"):
+                    (records, batch), filtered = self.filter_groups(step, records, batch)
+                    metrics.update(filtered)
             with timer("old_logprob"):
                 if a.recompute_old_logprobs:
                     old, entropy = self.actor.run_split(ActorEngine.compute_logprobs_and_entropy, batch)
@@ -288,6 +286,32 @@ class Trainer:
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
         metrics.update(self.perf_metrics(batch, timer.seconds["step"]))
         return metrics, self.samples(batch)
+
+    def score(self, records: list[PromptRecord], batch: Batch, metrics: dict[str, float]) -> Batch:
+        """The rollout with its shaped scores ([B] float32: the scorer's, less the shaping penalties); adds
+        reward/* to `metrics`."""
+        cfg = self.cfg
+        scores = self.scorer.score(reward_inputs(records, cfg.sampler.n, batch.response_text))
+        metrics.update(reward_metrics(scores, cfg.reward))
+        shaped = torch.tensor(scores.values, dtype=torch.float64)  # training only: validation is unshaped
+        for name, penalty in shaping.penalties(batch.truncated, batch.row_extents()[1], response_budget(cfg.sampler),
+                                               cfg.reward).items():
+            shaped = shaped - penalty
+            metrics[f"reward/{name}"] = penalty.mean().item()
+        return batch.with_fields(scores=shaped.float())
+
+    def filter_groups(self, step: int, records: list[PromptRecord], batch: Batch) -> tuple[Draw, dict[str, float]]:
+        """`fill_groups` on the step's scored rollout, extra draws generated and scored here."""
+        a, n = self.cfg.algorithm, self.cfg.sampler.n
+
+        def draw(index: int) -> Draw:
+            with self.rollout_awake():
+                extra = self.rollouts.draw(step, index)
+            return extra[0], self.score(*extra, {})  # extra draws' reward/* are not logged
+
+        measure = ((lambda b: b.scores.double()) if a.filter_groups_metric == "score"
+                   else (lambda b: (b.scores >= self.cfg.reward.correct_score).double()))
+        return fill_groups((records, batch), draw, measure, n=n, prompts=len(records), max_draws=a.filter_groups_max_draws)
 
     def guard_nonfinite(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
         """`count_nonfinite` of an update's skipped optimizer steps; returns its metrics."""

@@ -26,8 +26,18 @@ from ppo_trainer.config.schema import (
 _KEYS = schema_keys()
 
 
+# verl's nested spellings of keys that are flat here (docs/from-verl.md). Not MOVED_KEYS: no run of this
+# trainer saved them, so a saved config never needs them rewritten.
+VERL_KEYS = {"algorithm.filter_groups.enable": "algorithm.filter_groups",
+             "algorithm.filter_groups.metric": "algorithm.filter_groups_metric",
+             "algorithm.filter_groups.max_num_gen_batches": "algorithm.filter_groups_max_draws"}
+
+
 def unknown_key_error(key: str) -> ConfigError:
-    """One line for a key the schema does not have: where it moved (`MOVED_KEYS`), else the nearest valid key."""
+    """One line for a key the schema does not have: verl's spelling of one (`VERL_KEYS`), where it moved
+    (`MOVED_KEYS`), else the nearest valid key."""
+    if key in VERL_KEYS:
+        return ConfigError(f"unknown config key '{key}': verl's spelling; write {VERL_KEYS[key]}=...")
     moved = next((old for old in MOVED_KEYS if key == old or key.startswith(old + ".")), None)
     if moved is not None:
         return ConfigError(f"unknown config key '{key}': '{moved}' moved to '{MOVED_KEYS[moved]}' (verl's spelling, "

@@ -264,6 +264,13 @@ class AlgorithmConfig:  # the PPO update: epochs, mini-batches, clipping, loss t
     # the responses it imitates: correct (score >= reward.correct_score) or group_best (the top score
     # of their prompt's group, when above the group's lowest)
     positive_lm_examples: str = field(default="correct", metadata=choice(*choices.POSITIVE_EXAMPLES))
+    # DAPO's dynamic sampling (verl's algorithm.filter_groups.enable): drop the prompts whose sampler.n >= 2
+    # samples all score the same and draw more prompts until data.train_batch_size are kept (lock-step only)
+    filter_groups: bool = False
+    # what must differ within a group: score (the shaped score trained on) or acc (score >= reward.correct_score)
+    filter_groups_metric: str = "score"
+    # generation rounds per step at most (verl's max_num_gen_batches); the last one's groups fill the rest
+    filter_groups_max_draws: int = field(default=10, metadata=at_least(1))
 
 
 @dataclass

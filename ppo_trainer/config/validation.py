@@ -30,7 +30,7 @@ from ppo_trainer.config.schema import (
     schema_rules,
 )
 from ppo_trainer.config.secrets import has_credentials, redact_url
-from ppo_trainer.core.choices import GROUP_ESTIMATORS
+from ppo_trainer.core.choices import FILTER_METRICS, GROUP_ESTIMATORS
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -191,6 +191,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
         _arithmetic_checks(d.arithmetic)
     _reward_checks(cfg)
     _staleness_checks(cfg)
+    _filter_checks(cfg)
 
     if dev.backend == "local":
         for role in (*trained_roles(cfg), "rollout", "reward_model"):
@@ -263,6 +264,25 @@ def _staleness_checks(cfg: DictConfig) -> None:
     _require(not s.partial_rollouts, "sampler.partial_rollouts",
              "is true, but partial rollouts are not built yet; set sampler.partial_rollouts=false (whole "
              "samples, generated ahead, work with sampler.max_staleness)")
+
+
+def _filter_checks(cfg: DictConfig) -> None:
+    """algorithm.filter_groups: groups to compare, lock-step draws, and a metric this trainer has (verl's
+    seq_reward and seq_final_reward are its token-level sums, which the trainer does not build)."""
+    a = cfg.algorithm
+    _require(a.filter_groups_metric in FILTER_METRICS, "algorithm.filter_groups_metric",
+             f"is {a.filter_groups_metric!r}; this trainer filters on {' or '.join(FILTER_METRICS)} (score: the "
+             "shaped score it trains on, verl's seq_reward and seq_final_reward without a KL in the reward; acc: "
+             "score >= reward.correct_score)")
+    if not a.filter_groups:
+        return
+    _require(cfg.sampler.n >= 2, "algorithm.filter_groups",
+             f"is true with sampler.n={cfg.sampler.n}: a group of one sample has no spread; set sampler.n >= 2, "
+             "or algorithm.filter_groups=false")
+    _require(cfg.sampler.max_staleness == 0, "algorithm.filter_groups",
+             f"is true with sampler.max_staleness={cfg.sampler.max_staleness}: extra draws generate within the "
+             "step, which the rollouts generated ahead cannot; set sampler.max_staleness=0, or "
+             "algorithm.filter_groups=false")
 
 
 def _arithmetic_checks(ar: DictConfig) -> None:

@@ -10,3 +10,4 @@ POSITIVE_EXAMPLES = ("correct", "group_best")  # algorithm.positive_lm_examples
 VALUE_HEAD_INITS = ("loaded", "regression")  # critic.value_head_init
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")  # algorithm.adv_estimator; all but gae are critic-free
 GROUP_ESTIMATORS = ("grpo", "rloo")  # the estimators that compare a prompt's samples: they need sampler.n >= 2
+FILTER_METRICS = ("score", "acc")  # algorithm.filter_groups_metric

@@ -96,6 +96,9 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
         examples = ("score >= reward.correct_score" if a.positive_lm_examples == "correct"
                     else "the best of each prompt's group")
         lines.append(f"positive-example LM loss: {a.positive_lm_loss_coef} x NLL of the responses with {examples}")
+    if a.filter_groups:
+        lines.append(f"dynamic sampling: groups whose {a.filter_groups_metric} is all equal are dropped and more prompts "
+                     f"drawn, up to {a.filter_groups_max_draws} draws a step (algorithm.filter_groups)")
     return lines
 
 

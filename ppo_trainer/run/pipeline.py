@@ -31,7 +31,13 @@ from ppo_trainer.workers.pending import Pending
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step: fixed by (trainer.seed, step), so a resumed run samples
     what the uninterrupted run sampled (an engine's RNG state cannot be checkpointed)."""
-    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+    return draw_seed(seed, step, 0)
+
+
+def draw_seed(seed: int, step: int, draw: int) -> int:
+    """The sampling seed of a step's draw (draw 0: the step's own rollout; 1, 2, ...: the extra draws
+    of algorithm.filter_groups), fixed by (trainer.seed, step, draw) for the same reason."""
+    return (seed * 1_000_003 + step * 7_919 + draw * 15_485_863) % (2**31 - 1)
 
 
 @dataclass
@@ -85,6 +91,18 @@ class RolloutPipeline:
         if rollout.step != step:
             raise RuntimeError(f"the rollout pipeline holds step {rollout.step}'s rollout, not step {step}'s")
         return rollout.records, rollout.batch.result()
+
+    def draw(self, step: int, draw: int) -> tuple[list[PromptRecord], Batch]:
+        """An extra draw for step `step` (algorithm.filter_groups, lock-step only): the loader's next
+        prompts, generated now with the seed of (step, draw) and the weights the workers hold. The
+        loader's position, saved with the checkpoint, counts it, so a resume draws what this run did."""
+        if self.k != 0 or self.in_flight:
+            raise RuntimeError(f"an extra draw for step {step} needs lock-step rollouts (sampler.max_staleness=0)")
+        records = next(self.loader)
+        batch = self.rollout.submit_split(Sampler.generate, prompt_batch(records, self.pad_id), self.n,
+                                          seed=draw_seed(self.seed, step, draw)).result()
+        version = torch.full((len(batch),), self.weights_version, dtype=torch.long)
+        return records, batch.with_fields(policy_version=version)
 
     def _submit(self, step: int) -> None:
         version, scheduled = self.weights_version, max(behaviour_step(step, self.k), self.oldest_version)

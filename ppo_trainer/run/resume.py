@@ -39,7 +39,8 @@ REFUSED = (
     "data.arithmetic.seed", "data.digits.task", "data.digits.min_length", "data.digits.length",
     "data.digits.train_size", "data.digits.seed",
     "sampler.n", "sampler.multi_turn.env", "sampler.multi_turn.tools", "sampler.max_staleness",
-    "sampler.partial_rollouts", "trainer.seed",
+    "sampler.partial_rollouts", "trainer.seed", "algorithm.filter_groups", "algorithm.filter_groups_metric",
+    "algorithm.filter_groups_max_draws",
 )
 NOT_COMPARED = ("trainer.output_dir", "trainer.resume", "trainer.resume_allow", "trainer.dry_run")
 KL_CONTROLLER_KEYS = ("gae.kl_coef", "gae.kl_ctrl")  # a change restarts the controller from gae.kl_coef

@@ -29,7 +29,8 @@ VARIANTS = {
     "sampled validation": ["eval.n=2", "eval.temperature=1.0", "trainer.total_steps=1"],
     "a reward model and mis": ["reward.model.path=random:tiny-reward", "algorithm.rollout_correction=mis",
                                "trainer.total_steps=1"],
-    "critic-free (grpo)": ["algorithm.adv_estimator=grpo", "trainer.total_steps=1"],
+    "critic-free (grpo), filtered groups": ["algorithm.adv_estimator=grpo", "trainer.total_steps=1",
+                                           "algorithm.filter_groups=true", "algorithm.filter_groups_max_draws=2"],
     "multi-turn (an environment)": ["sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit",
                                     "trainer.total_steps=1"],
 }

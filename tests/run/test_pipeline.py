@@ -17,7 +17,7 @@ from ppo_trainer.batch import Batch
 from ppo_trainer.core.staleness import behaviour_step, staleness_metrics
 from ppo_trainer.data import PromptRecord
 from ppo_trainer.rollout.base import assemble_rollout
-from ppo_trainer.run.pipeline import RolloutPipeline, step_seed
+from ppo_trainer.run.pipeline import RolloutPipeline, draw_seed, step_seed
 from ppo_trainer.workers.pending import Pending
 
 PROMPTS, N = 2, 2
@@ -167,3 +167,22 @@ def test_a_push_out_of_schedule_is_caught_before_generating():
     with pytest.raises(RuntimeError, match="step 4 would sample with the weights after step 3, but "
                                            "sampler.max_staleness=1 schedules those after step 2"):
         pipeline.take(3)
+
+
+def test_an_extra_draw_takes_the_next_prompts_with_the_seed_of_step_and_draw():
+    rollout = ScriptedRollout(delay_s=0)
+    pipeline = RolloutPipeline(rollout, loader(), pad_id=0, n=N, seed=7, max_staleness=0, last_step=4)
+    pipeline.take(1)
+    rollout.push(1)
+    pipeline.push_done(1)
+    got_records, batch = pipeline.draw(1, 1)
+    assert [r.extra_info["step"] for r in got_records] == [2] * PROMPTS  # the loader's next prompts
+    assert batch.response_ids[:, 0].tolist() == [draw_seed(7, 1, 1) % 100] * (PROMPTS * N)
+    assert batch.policy_version.tolist() == [1] * (PROMPTS * N)
+    assert draw_seed(7, 1, 0) == step_seed(7, 1) and len({draw_seed(7, s, d) for s in range(50) for d in range(10)}) == 500
+
+
+def test_an_extra_draw_is_refused_with_rollouts_generated_ahead():
+    pipeline = RolloutPipeline(ScriptedRollout(delay_s=0), loader(), pad_id=0, n=N, seed=7, max_staleness=1, last_step=4)
+    with pytest.raises(RuntimeError, match="sampler.max_staleness=0"):
+        pipeline.draw(1, 1)
