@@ -81,7 +81,6 @@ def test_a_cap_of_one_draw_trains_on_the_steps_own_rollout():
 SMOKE = ["+experiment=smoke", "trainer.loggers=[jsonl]", "data.arithmetic.val_size=2", "trainer.total_steps=4",
          "trainer.save_every=2", "algorithm.filter_groups=true", "algorithm.filter_groups_max_draws=3"]
 # the response's length varies with the sample, so some groups of a random model have spread
-REWARD = "def reward(response, ground_truth):\n    return len(response) / 16\n"
 
 
 def read_metrics(output_dir: Path) -> dict[int, dict]:
@@ -101,13 +100,6 @@ def test_a_flat_reward_fills_at_the_cap_every_step_and_trains(tmp_path, metric):
         got = read_metrics(tmp_path)[step]  # the smoke reward is 0 for every sample
         assert (got["filter/kept_groups"], got["filter/draws"], got["filter/filled_groups"]) == (0.0, 3.0, 4.0)
     assert loader_position(tmp_path, 2) == 2 * 3 * 4  # steps x draws x prompts
-
-
-@pytest.fixture(scope="module")
-def reward_fn(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("reward") / "length_reward.py"
-    path.write_text(REWARD)
-    return f"reward.fn={path}:reward"
 
 
 @pytest.fixture(scope="module")

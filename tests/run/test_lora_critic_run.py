@@ -14,20 +14,12 @@ from ppo_trainer.config.composition import compose
 from ppo_trainer.trainer import run_training
 
 # the tiny model answers no problem: a reward of the response's length gives the critic returns to learn
-REWARD = "def reward(response, ground_truth):\n    return len(response) / 16\n"
 SMOKE = ["+experiment=smoke", "trainer.loggers=[jsonl]", "data.arithmetic.val_size=2"]
 LORA_CRITIC = [*SMOKE, "critic.lora.rank=4", "critic.lora.alpha=8", "trainer.total_steps=4", "trainer.save_every=2"]
 
 
 def read_metrics(output_dir: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (output_dir / "metrics.jsonl").read_text().splitlines())}
-
-
-@pytest.fixture(scope="module")
-def reward_fn(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("reward") / "length_reward.py"
-    path.write_text(REWARD)
-    return f"reward.fn={path}:reward"
 
 
 @pytest.fixture(scope="module")
