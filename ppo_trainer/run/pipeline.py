@@ -98,23 +98,24 @@ class RolloutPipeline:
         loader's position, saved with the checkpoint, counts it, so a resume draws what this run did."""
         if self.k != 0 or self.in_flight:
             raise RuntimeError(f"an extra draw for step {step} needs lock-step rollouts (sampler.max_staleness=0)")
-        records = next(self.loader)
-        batch = self.rollout.submit_split(Sampler.generate, prompt_batch(records, self.pad_id), self.n,
-                                          seed=draw_seed(self.seed, step, draw)).result()
-        version = torch.full((len(batch),), self.weights_version, dtype=torch.long)
-        return records, batch.with_fields(policy_version=version)
+        rollout = self._generate(step, draw_seed(self.seed, step, draw))
+        return rollout.records, rollout.batch.result()
 
     def _submit(self, step: int) -> None:
         version, scheduled = self.weights_version, max(behaviour_step(step, self.k), self.oldest_version)
         if version != scheduled:  # the schedule is a function of the step alone
             raise RuntimeError(f"step {step} would sample with the weights after step {version}, but "
                                f"sampler.max_staleness={self.k} schedules those after step {scheduled}")
-        records = next(self.loader)
-        pending = self.rollout.submit_split(Sampler.generate, prompt_batch(records, self.pad_id), self.n,
-                                            seed=step_seed(self.seed, step))
-        self.in_flight.append(Rollout(step, records, pending.then(
-            lambda batch: batch.with_fields(policy_version=torch.full((len(batch),), version, dtype=torch.long)))))
+        self.in_flight.append(self._generate(step, step_seed(self.seed, step)))
         self.next_step += 1
+
+    def _generate(self, step: int, seed: int) -> Rollout:
+        """The loader's next prompts submitted to the rollout workers under `seed`; each row's
+        `policy_version` is the weights the workers hold now (the last push before this submit)."""
+        records, version = next(self.loader), self.weights_version
+        pending = self.rollout.submit_split(Sampler.generate, prompt_batch(records, self.pad_id), self.n, seed=seed)
+        return Rollout(step, records, pending.then(
+            lambda batch: batch.with_fields(policy_version=torch.full((len(batch),), version, dtype=torch.long))))
 
     def push_done(self, step: int) -> None:
         """The workers now hold the policy after step `step` (its update pushed; unchanged weights, as
