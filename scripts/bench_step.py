@@ -207,19 +207,19 @@ def plain_seconds(cfg, batch, device: str, dtype: torch.dtype, repeats: int = 3)
     from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
     from ppo_trainer.models.critic import ValueModel
     from ppo_trainer.models.loading import resolve_model_path
-    from ppo_trainer.models.packing import shares_prompts
 
     model_dir = resolve_model_path(cfg.model.path)
     attn = cfg.model.attn_implementation
     policy = CausalLMPolicy(load_causal_lm(str(model_dir), attn_implementation=attn, dtype=dtype),
-                            cfg.model.logprob_chunk_tokens).to(device).train()
+                            cfg.model.logprob_chunk_tokens, cfg.algorithm.pack_sequences).to(device).train()
     critic_dir = resolve_model_path(cfg.critic.path, part="critic") if cfg.critic.path else model_dir
     critic = ValueModel.from_pretrained(critic_dir, attn_implementation=attn).to(device=device, dtype=dtype).train()
+    critic.pack_sequences = cfg.algorithm.pack_sequences
     with_entropy = cfg.algorithm.entropy_coef > 0
 
-    # the engines' own micro-batches (token budget, prompts packed where attention allows)
+    # the engines' own micro-batches (token budget, laid out as the engines do: `models.packing`)
     micro_batches = [m.batch.to(device) for m in plan_micro_batches(
-        batch, cfg.algorithm.ppo_micro_batch_tokens, shares_prompts(policy.hf_model))]
+        batch, cfg.algorithm.ppo_micro_batch_tokens, policy.layout)]
 
     def policy_loss(micro) -> torch.Tensor:
         logp, entropy = policy(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask,

@@ -184,35 +184,40 @@ def export_reload(cfg: Any, device: str) -> dict[str, Any]:
 
 
 def packed_attention(model_dir: Path, device: str) -> dict[str, Any]:
-    """Packed rows (a prompt's samples in one row, a 4D mask) against each row alone, sdpa and eager."""
+    """Packed rows (a prompt's samples in one block, a 4D mask; with packing several blocks per row; the
+    sequences told apart by their positions alone) against each row alone, sdpa and eager."""
     import torch
     from transformers import AutoModel
 
-    from ppo_trainer.models.packing import states_before_response_tokens
+    from ppo_trainer.models.packing import Layout, states_before_response_tokens
 
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 90, (12,), generator=gen).tolist()
+    rows = [(prompt, torch.randint(3, 90, (n,), generator=gen).tolist()) for n in (5, 9, 2)]
+    rows.append((prompt[:5], rows[0][1]))  # a second prompt: a block of its own
+    P, T = len(prompt), max(len(r) for _, r in rows)
+    ids = torch.zeros(len(rows), P + T, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(rows):
+        ids[i, P - len(p) : P + len(r)] = torch.tensor(p + r)
+        mask[i, P - len(p) : P + len(r)] = 1
+    inputs = (ids.to(device), mask.to(device), ((mask.cumsum(1) - 1).clamp(min=0)).to(device), mask[:, P:].to(device))
+    layouts = {"shared": Layout(share_prompts=True), "packed": Layout(share_prompts=True, pack=True),
+               "by positions": Layout(pack=True)}
     gaps = {}
     for implementation in ("sdpa", "eager"):
         decoder = AutoModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=implementation)
         decoder = decoder.to(device).eval()
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(3, 90, (12,), generator=gen).tolist()
-        rows = [(prompt, torch.randint(3, 90, (n,), generator=gen).tolist()) for n in (5, 9, 2)]
-        P, T = len(prompt), max(len(r) for _, r in rows)
-        ids = torch.zeros(len(rows), P + T, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (p, r) in enumerate(rows):
-            ids[i, : P + len(r)] = torch.tensor(p + r)
-            mask[i, : P + len(r)] = 1
         with torch.no_grad():
-            packed = states_before_response_tokens(decoder, ids.to(device), mask.to(device),
-                                                   ((mask.cumsum(1) - 1).clamp(min=0)).to(device),
-                                                   mask[:, P:].to(device))
-            alone = torch.cat([decoder(input_ids=torch.tensor([p + r], device=device)).last_hidden_state[0][P - 1 : -1]
+            alone = torch.cat([decoder(input_ids=torch.tensor([p + r], device=device)).last_hidden_state[0][len(p) - 1 : -1]
                                for p, r in rows])
-        gap = (packed - alone).abs().max().item() / alone.abs().max().item()
-        if not gap < 1e-4:  # float32 (TF32 off by default for matmuls in torch 2.x): summation order only
-            raise ValueError(f"{implementation}: packed states differ from rows alone by {gap:.2e} (relative)")
-        gaps[implementation] = gap
+            for name, layout in layouts.items():
+                packed = states_before_response_tokens(decoder, *inputs, layout)
+                gap = (packed - alone).abs().max().item() / alone.abs().max().item()
+                if not gap < 1e-4:  # float32 (TF32 off by default for matmuls in torch 2.x): summation order only
+                    raise ValueError(f"{implementation}, {name}: packed states differ from rows alone by {gap:.2e} "
+                                     "(relative)")
+                gaps[f"{implementation}, {name}"] = gap
     return {"relative_gap": gaps}
 
 

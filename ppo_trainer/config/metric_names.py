@@ -11,7 +11,7 @@ from ppo_trainer.config.derived import is_multi_turn, uses_critic
 ALWAYS = (
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
     "actor/reward_kl_penalty", "actor/kl_coef", "actor/pg_loss", "actor/pg_clipfrac",
-    "actor/ppo_kl", "actor/grad_norm", "actor/lr", "actor/skipped_steps", "response_length/mean",
+    "actor/ppo_kl", "actor/grad_norm", "actor/lr", "actor/skipped_steps", "actor/padding_share", "response_length/mean",
     "response_length/clip_ratio", "timing_s/gen", "timing_s/reward", "timing_s/old_logprob",
     "timing_s/adv", "timing_s/update_actor", "timing_s/sync", "timing_s/step",
     "perf/throughput", "perf/max_memory_allocated_gb", "perf/actor/max_memory_allocated_gb",
@@ -22,7 +22,7 @@ ALWAYS = (
 CRITIC = (
     "critic/values/mean", "critic/vf_explained_var", "critic/vf_error/early", "critic/vf_error/middle",
     "critic/vf_error/late", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
-    "critic/skipped_steps", "timing_s/values", "timing_s/update_critic", "perf/critic/max_memory_allocated_gb",
+    "critic/skipped_steps", "critic/padding_share", "timing_s/values", "timing_s/update_critic", "perf/critic/max_memory_allocated_gb",
     "perf/critic/idle_share",
 )
 # Multi-turn rollouts' (an environment or tools: docs/multi-turn.md), verl's names where it has them.

@@ -20,7 +20,6 @@ from ppo_trainer.engine.microbatch import GlobalCounts
 from ppo_trainer.models.actor import CausalLMPolicy, load_causal_lm
 from ppo_trainer.models.export import save_hf_weights
 from ppo_trainer.models.lora import lora_scalings, merge_lora_state_dict, save_adapter
-from ppo_trainer.models.packing import shares_prompts
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
@@ -57,20 +56,19 @@ class ActorEngine(FSDPEngine):
         lm = load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
                             trust_remote_code=cfg.trust_remote_code,
                             gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora, dtype=base_dtype)
-        self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens)
+        self.policy = CausalLMPolicy(lm, cfg.logprob_chunk_tokens, algorithm.pack_sequences)
         self.lora_scalings = lora_scalings(self.policy.lm) if self.policy.is_lora else {}
         super().__init__(self.policy, self.policy.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
-                         total_steps, share_prompts=shares_prompts(lm))
+                         total_steps)
         self.reference: Optional[FSDPEngine] = None
         self.use_reference = use_reference
         if use_reference and not self.policy.is_lora:
             frozen = CausalLMPolicy(  # stored in the compute dtype: it is never updated
                 load_causal_lm(str(model_dir), attn_implementation=cfg.attn_implementation,
                                trust_remote_code=cfg.trust_remote_code, dtype=compute_dtype(self.dtype)),
-                cfg.logprob_chunk_tokens,
+                cfg.logprob_chunk_tokens, algorithm.pack_sequences,
             )
-            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload,
-                                        share_prompts=self.share_prompts)
+            self.reference = FSDPEngine(frozen, frozen.decoder_layers(), device, self.dtype, cfg.cpu_offload)
 
     def _score(self, engine: FSDPEngine, batch: Batch, with_entropy: bool, truncate: bool = True) -> list[torch.Tensor]:
         batch.require("response_mask", user="scoring")

@@ -16,7 +16,6 @@ from ppo_trainer.engine.distributed import all_reduce_sum, barrier, resolve_devi
 from ppo_trainer.engine.fsdp import FSDPEngine, compute_dtype
 from ppo_trainer.engine.microbatch import GlobalCounts, plan_micro_batches
 from ppo_trainer.models.critic import ValueModel
-from ppo_trainer.models.packing import shares_prompts
 
 
 class CriticEngine(FSDPEngine):
@@ -40,9 +39,9 @@ class CriticEngine(FSDPEngine):
         if cfg.lora.rank > 0:
             # a LoRA base is frozen: stored in the compute dtype, as the actor's; adapter and head keep float32
             self.model.add_lora(cfg.lora, compute_dtype(cfg.dtype, resolve_device(device).type))
+        self.model.pack_sequences = algorithm.pack_sequences
         super().__init__(self.model, self.model.decoder_layers(), device, cfg.dtype, cfg.cpu_offload, cfg.optim,
-                         total_steps, fp32_modules=[self.model.value_head],
-                         share_prompts=shares_prompts(self.model.hf_backbone))
+                         total_steps, fp32_modules=[self.model.value_head])
 
     def _values(self, micro: Batch) -> torch.Tensor:
         return self.module(micro.input_ids, micro.attention_mask, micro.position_ids, micro.response_mask)
@@ -81,7 +80,7 @@ class CriticEngine(FSDPEngine):
         self.module.eval()
         try:
             with torch.no_grad():
-                for micro in plan_micro_batches(local, self.algorithm.ppo_micro_batch_tokens, self.share_prompts):
+                for micro in plan_micro_batches(local, self.algorithm.ppo_micro_batch_tokens, self.layout):
                     m = micro.batch.to(self.device)
                     _, states = self.module(m.input_ids, m.attention_mask, m.position_ids, m.response_mask,
                                             with_states=True)

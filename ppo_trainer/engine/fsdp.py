@@ -23,9 +23,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import OptimConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
-from ppo_trainer.engine.distributed import barrier, device_mesh, rank, resolve_device, world_size
+from ppo_trainer.engine.distributed import all_reduce_sum, barrier, device_mesh, rank, resolve_device, world_size
 from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
 from ppo_trainer.engine.optim import apply_hyperparameters, build_optimizer, build_scheduler
+from ppo_trainer.models.packing import Layout
 
 ENGINE_STATE = "engine_state.json"
 
@@ -62,13 +63,14 @@ class FSDPEngine:
 
     def __init__(self, module: nn.Module, layers: Sequence[nn.Module], device: str | torch.device, dtype: str,
                  cpu_offload: bool = False, optim: Optional[OptimConfig] = None, total_steps: Optional[int] = None,
-                 fp32_modules: Sequence[nn.Module] = (), share_prompts: bool = False) -> None:
+                 fp32_modules: Sequence[nn.Module] = ()) -> None:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device.type)
         if optim is None:
             module.requires_grad_(False)
         self.module = shard_model(module, layers, self.device, compute_dtype(self.dtype), cpu_offload, fp32_modules)
-        self.share_prompts = share_prompts  # the module packs rows that share a prompt (`models.packing`)
+        # how the module's forwards lay out rows (`models.packing`), which sets a micro-batch's cost
+        self.layout = getattr(module, "layout", Layout())
         self.optim_cfg = optim
         self.optimizer = build_optimizer(module, optim, self.device) if optim is not None else None
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps) if optim is not None else None
@@ -83,7 +85,7 @@ class FSDPEngine:
         self.module.eval()
         try:
             with torch.no_grad():
-                for micro in plan_micro_batches(batch, budget, self.share_prompts):
+                for micro in plan_micro_batches(batch, budget, self.layout):
                     results = fn(micro.batch.to(self.device))
                     if micro.dummy:
                         continue
@@ -127,16 +129,20 @@ class FSDPEngine:
         return summarize_steps(history)
 
     def backward_mini_batch(self, mini_batch: Batch, loss_fn: LossFn, budget: int) -> dict[str, float]:
-        """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share."""
+        """Accumulate one mini-batch's gradient (`accumulate_gradients`) from this rank's share; its
+        statistics, and `padding_share`: the share of the tokens its forwards computed that were padding."""
         if len(mini_batch) < self.world_size:
             raise ValueError(f"a mini-batch of {len(mini_batch)} sequences cannot feed {self.world_size} "
                              "data-parallel ranks; every rank needs at least one (raise "
                              "algorithm.ppo_mini_batch_size or use fewer devices)")
         local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
-        micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy)
-                 for m in plan_micro_batches(local, budget, self.share_prompts)]
-        return accumulate_gradients(micro, loss_fn, counts)
+        micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy, m.tokens, m.padding)
+                 for m in plan_micro_batches(local, budget, self.layout)]
+        stats = accumulate_gradients(micro, loss_fn, counts)
+        padding, tokens = all_reduce_sum([float(sum(m.padding for m in micro if not m.dummy)),
+                                          float(sum(m.tokens for m in micro if not m.dummy))]).tolist()
+        return {**stats, "padding_share": padding / tokens}
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip gradients by global norm, step AdamW and the schedule; returns grad_norm, lr and

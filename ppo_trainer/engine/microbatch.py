@@ -1,5 +1,5 @@
 """Micro-batches within a token budget (`algorithm.ppo_micro_batch_tokens`: the tokens a forward computes,
-padded or packed by prompt, `micro_batch_units`), and
+padded, by prompt or packed, `micro_batch_units`), and
 gradient accumulation that equals one big batch: each micro-batch loss is aggregated with the whole
 mini-batch's counts over all ranks (`GlobalCounts`), so the losses sum to the mini-batch loss; FSDP2
 averages gradients over ranks, so the loss is multiplied by the world size before `backward`. FSDP's
@@ -8,22 +8,26 @@ collectives need the same number of forwards on every rank: short ranks pad with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.distributed import all_reduce_max, all_reduce_sum, world_size
+from ppo_trainer.models.packing import Layout, block_rows
 
 
 @dataclass
 class MicroBatch:
     """Rows `rows` [b] of a local mini-batch, trimmed of shared padding; `dummy`: a stand-in that
-    keeps this rank in step with the others (loss weighted 0, outputs discarded)."""
+    keeps this rank in step with the others (loss weighted 0, outputs discarded). `tokens`: what its
+    forward computes (`micro_batch_units`), `padding` of them."""
 
     batch: Batch
     rows: torch.Tensor
     dummy: bool = False
+    tokens: int = 0
+    padding: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,24 +44,38 @@ class GlobalCounts:
 LossFn = Callable[[Batch, GlobalCounts], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-def micro_batch_units(batch: Batch, share_prompts: bool) -> tuple[list[list[int]], Callable[[list[int]], int]]:
-    """The units a split keeps whole (rows, or with `share_prompts` the rows of one prompt) and the
-    cost of a forward over rows `rows` of `batch` in tokens: rows x trimmed width (longest prompt +
-    longest response, at least 1), or with `share_prompts` packed rows x the longest packed row, a
-    packed row being one prompt and the responses of its rows (`models.packing`)."""
+class Costs(NamedTuple):
+    """`units`: the row groups a split keeps whole; `cost(rows)`: the tokens a forward over those rows
+    computes; `needed(rows)`: the tokens of their blocks, what the forward would compute without padding."""
+
+    units: list[list[int]]
+    cost: Callable[[list[int]], int]
+    needed: Callable[[list[int]], int]
+
+
+def micro_batch_units(batch: Batch, layout: Layout) -> Costs:
+    """The `Costs` of `batch`'s rows as `models.packing` lays them out. Units: rows, or where the
+    layout shares prompts the rows of one prompt. Blocks: a prompt and its rows' responses, or one
+    row's sequence. Cost: padded, rows x trimmed width (longest prompt + longest response, at least
+    1), as without packing when no prompt repeats; otherwise rows of blocks x the longest block, one
+    block per row or, packed, first-fit decreasing (`block_rows`)."""
     prompt_lens, response_lens = (x.tolist() for x in batch.row_extents())
-    units = batch.prompt_groups() if share_prompts else [[i] for i in range(len(batch))]
+    units = batch.prompt_groups() if layout.share_prompts else [[i] for i in range(len(batch))]
     unit_of = {row: u for u, rows in enumerate(units) for row in rows}
 
-    def cost(rows: list[int]) -> int:
-        if not share_prompts:
-            return len(rows) * (max(prompt_lens[i] for i in rows) + max(1, *(response_lens[i] for i in rows)))
-        packed: dict[int, int] = {}
+    def block_lengths(rows: list[int]) -> list[int]:
+        blocks: dict[int, int] = {}
         for i in rows:
-            packed[unit_of[i]] = packed.get(unit_of[i], prompt_lens[i]) + response_lens[i]
-        return len(packed) * max(packed.values())
+            blocks[unit_of[i]] = blocks.get(unit_of[i], prompt_lens[i]) + response_lens[i]
+        return list(blocks.values())
 
-    return units, cost
+    def cost(rows: list[int]) -> int:
+        lengths = block_lengths(rows)
+        if not layout.pack and len(lengths) == len(rows):  # a block per row: the padded rows run as they are
+            return len(rows) * (max(prompt_lens[i] for i in rows) + max(1, *(response_lens[i] for i in rows)))
+        return len(block_rows(lengths, layout.pack)) * max(lengths)
+
+    return Costs(units, cost, lambda rows: sum(block_lengths(rows)))
 
 
 def fill_by_cost(units: list[list[int]], cost: Callable[[list[int]], int], budget: int) -> list[list[int]]:
@@ -75,13 +93,13 @@ def fill_by_cost(units: list[list[int]], cost: Callable[[list[int]], int], budge
     return groups
 
 
-def plan_micro_batches(batch: Batch, budget: int, share_prompts: bool = False) -> list[MicroBatch]:
+def plan_micro_batches(batch: Batch, budget: int, layout: Layout = Layout()) -> list[MicroBatch]:
     """Micro-batches of this rank's rows within `budget` tokens (`micro_batch_units`, `fill_by_cost`),
     as many as the rank that needs the most (a collective call): the costliest groups are halved,
     and a rank with too few rows pads with dummies."""
     if len(batch) == 0:
         raise ValueError("a rank received no rows; every data-parallel rank needs at least one sequence")
-    units, cost = micro_batch_units(batch, share_prompts)
+    units, cost, needed = micro_batch_units(batch, layout)
     groups = fill_by_cost(units, cost, budget)
     target = all_reduce_max(len(groups))
     while len(groups) < target:
@@ -92,7 +110,8 @@ def plan_micro_batches(batch: Batch, budget: int, share_prompts: bool = False) -
         groups.remove(largest)
         half = len(largest) // 2
         groups += [largest[:half], largest[half:]]
-    micro = [MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows)) for rows in groups]
+    micro = [MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows), padding=cost(rows) - needed(rows),
+                        tokens=cost(rows)) for rows in groups]
     while len(micro) < target:
         rows = groups[0][:1]
         micro.append(MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows), dummy=True))

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ppo_trainer.config.schema import LoraConfig
 from ppo_trainer.models.lora import add_lora
-from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
+from ppo_trainer.models.packing import Layout, layout_for, on_response_tokens, states_before_response_tokens
 
 
 def load_causal_lm(model_dir: str, *, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
@@ -156,10 +156,11 @@ class CausalLMPolicy(nn.Module):
     """A causal LM whose forward returns response-token logprobs (and entropies), not logits; one
     module (the FSDP root), so the chunked lm_head runs under FSDP's hooks too."""
 
-    def __init__(self, lm: nn.Module, chunk_tokens: int = 1024) -> None:
+    def __init__(self, lm: nn.Module, chunk_tokens: int = 1024, pack_sequences: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_tokens = chunk_tokens
+        self.pack_sequences = pack_sequences  # algorithm.pack_sequences
 
     @property
     def is_lora(self) -> bool:
@@ -173,6 +174,11 @@ class CausalLMPolicy(nn.Module):
     def decoder_layers(self) -> list[nn.Module]:
         """The transformer blocks, the units FSDP shards separately."""
         return list(self.hf_model.get_decoder().layers)
+
+    @property
+    def layout(self) -> Layout:
+        """How its forwards lay out the rows (`models.packing`)."""
+        return layout_for(self.hf_model, self.pack_sequences)
 
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:
@@ -193,7 +199,7 @@ class CausalLMPolicy(nn.Module):
         response_mask: [B, T] (T >= 1, P >= 1)."""
         P = input_ids.shape[1] - response_mask.shape[1]
         predicting = states_before_response_tokens(self.hf_model.get_decoder(), input_ids, attention_mask,
-                                                   position_ids, response_mask)
+                                                   position_ids, response_mask, self.layout)
         labels = input_ids[:, P:][response_mask.bool()]
         logp, ent = response_logprobs(predicting, self.hf_model.get_output_embeddings(), labels, temperature,
                                       self.chunk_tokens, with_entropy, top_k, top_p)

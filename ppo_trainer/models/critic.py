@@ -30,7 +30,7 @@ from ppo_trainer.models.loading import (
     value_head_origin,
 )
 from ppo_trainer.models.lora import add_lora, lora_scalings, merge_lora_state_dict, save_adapter
-from ppo_trainer.models.packing import on_response_tokens, states_before_response_tokens
+from ppo_trainer.models.packing import Layout, layout_for, on_response_tokens, states_before_response_tokens
 
 VALUE_HEAD_WEIGHTS = "value_head.safetensors"
 
@@ -46,6 +46,7 @@ class ValueModel(nn.Module):
             nn.init.zeros_(value_head.weight)
             nn.init.zeros_(value_head.bias)
         self.value_head = value_head
+        self.pack_sequences = False  # algorithm.pack_sequences, set by the engine that trains it
 
     @property
     def is_lora(self) -> bool:
@@ -123,6 +124,11 @@ class ValueModel(nn.Module):
         """The transformer blocks, the units FSDP shards separately."""
         return list(self.hf_backbone.get_decoder().layers)
 
+    @property
+    def layout(self) -> Layout:
+        """How its forwards lay out the rows (`models.packing`)."""
+        return layout_for(self.hf_backbone, self.pack_sequences)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 response_mask: torch.Tensor,
                 with_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -131,7 +137,7 @@ class ValueModel(nn.Module):
         states the head read, one per valid response token in the row-major order of the mask), what a
         fit of the head regresses on (`core.value_fit`); through forward, so FSDP gathers the weights."""
         states = states_before_response_tokens(self.hf_backbone, input_ids, attention_mask, position_ids,
-                                               response_mask)
+                                               response_mask, self.layout)
         values = on_response_tokens(self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1), response_mask)
         return (values, states) if with_states else values
 

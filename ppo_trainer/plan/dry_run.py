@@ -23,6 +23,7 @@ from ppo_trainer.config.secrets import mask_secrets, redact_url
 from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.dtypes import auto_dtype
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
+from ppo_trainer.models.packing import MASKED_ATTENTION
 from ppo_trainer.plan.memory import memory_plan
 from ppo_trainer.rewards.remote import bearer_token, url_problem
 from ppo_trainer.workers.accelerators import detect, local_device_count
@@ -90,6 +91,7 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
              "rollouts:  lock-step (sampler.max_staleness=0)" if k == 0 else
              f"rollouts:  generated {k} step{'s' if k > 1 else ''} ahead while the trainers train: step s trains on "
              f"samples from the weights after step max(0, s-{k + 1}) (docs/async.md)"]
+    lines.append(rows_line(cfg))
     if uses_critic(cfg):
         lines.append(f"critic warm-up: {warmup_summary(a)}")
     if a.positive_lm_loss_coef > 0:
@@ -100,6 +102,18 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
         lines.append(f"dynamic sampling: groups whose {a.filter_groups_metric} is all equal are dropped and more prompts "
                      f"drawn, up to {a.filter_groups_max_draws} draws a step (algorithm.filter_groups)")
     return lines
+
+
+def rows_line(cfg: DictConfig) -> str:
+    """How the actor's and critic's forwards lay out a micro-batch's rows (`models.packing`)."""
+    shared = cfg.model.attn_implementation in MASKED_ATTENTION
+    if cfg.algorithm.pack_sequences:
+        apart = ("a prompt's samples sharing its tokens, blocks kept apart by a 4D mask" if shared else
+                 "each sequence kept apart by its positions (variable-length attention)")
+        return (f"rows:      packed: several prompts to a row, up to the longest, {apart} (algorithm.pack_sequences; "
+                "actor/padding_share logs the padding left)")
+    return ("rows:      padded to each micro-batch's longest" + (", a prompt's samples sharing its tokens" if shared else "")
+            + "; algorithm.pack_sequences=true packs several prompts to a row (actor/padding_share logs the padding)")
 
 
 def warmup_summary(a: DictConfig) -> str:

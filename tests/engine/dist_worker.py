@@ -33,7 +33,8 @@ def main(model_dir: str, batches_file: str, out_dir: str) -> None:
 
     actor = make_actor(model_dir)
     local = batch.select(batch.deal(actor.world_size)[actor.rank])
-    planned = fill_by_cost(*micro_batch_units(local, actor.share_prompts), SMALL_BUDGET)  # before ranks even out
+    costs = micro_batch_units(local, actor.layout)
+    planned = fill_by_cost(costs.units, costs.cost, SMALL_BUDGET)  # before ranks even out
     layout = torch.tensor([int(local.response_mask.sum()), len(planned)])
     layouts = [torch.zeros_like(layout) for _ in range(actor.world_size)]
     torch.distributed.all_gather(layouts, layout)

@@ -57,9 +57,11 @@ def test_gradients_accumulated_over_micro_batches_equal_one_big_batch(tiny_model
     assert grads[BIG_BUDGET].keys() == grads[SMALL_BUDGET].keys()
     for name, g in grads[BIG_BUDGET].items():
         torch.testing.assert_close(grads[SMALL_BUDGET][name], g, atol=1e-6, rtol=1e-5)
-    assert stats[BIG_BUDGET].keys() == {"pg_loss", "pg_clipfrac", "ppo_kl", "update_entropy", "kl_loss"}
+    assert stats[BIG_BUDGET].keys() == {"pg_loss", "pg_clipfrac", "ppo_kl", "update_entropy", "kl_loss",
+                                        "padding_share"}
     for key, value in stats[BIG_BUDGET].items():
-        assert stats[SMALL_BUDGET][key] == pytest.approx(value, abs=1e-6)
+        if key != "padding_share":  # the micro-batches' own padding
+            assert stats[SMALL_BUDGET][key] == pytest.approx(value, abs=1e-6)
 
 
 def test_update_reports_metrics_and_warms_up_the_learning_rate(tiny_model_dir, batch):
@@ -73,7 +75,9 @@ def test_update_reports_metrics_and_warms_up_the_learning_rate(tiny_model_dir, b
     batch = batch.with_fields(old_logprobs=actor.compute_logprobs(batch))
     metrics = actor.update(batch)  # 2 epochs x 2 mini-batches: lr factors 1/4, 2/4, 3/4, 4/4
     assert set(metrics) == {f"actor/{k}" for k in
-                            ("pg_loss", "pg_clipfrac", "ppo_kl", "update_entropy", "kl_loss", "grad_norm", "lr", "skipped_steps")}
+                            ("pg_loss", "pg_clipfrac", "ppo_kl", "update_entropy", "kl_loss", "grad_norm", "lr", "skipped_steps",
+                             "padding_share")}
+    assert 0 <= metrics["actor/padding_share"] < 1
     assert metrics["actor/lr"] == pytest.approx(1e-3 * (0.25 + 0.5 + 0.75 + 1.0) / 4)
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/update_entropy"] > 0
     assert (actor.compute_logprobs(batch) - batch.old_logprobs).abs().max() > 1e-3
@@ -163,7 +167,8 @@ def test_critic_learns_the_returns_and_its_export_reloads_exactly(tiny_model_dir
     batch = batch.with_fields(values=values)
     losses = [critic.update(batch)["critic/vf_loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
-    assert set(critic.update(batch)) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr", "critic/skipped_steps"}
+    assert set(critic.update(batch)) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr",
+                                         "critic/skipped_steps", "critic/padding_share"}
 
     critic.save_hf(tmp_path / "critic")
     reloaded = ValueModel.from_pretrained(tmp_path / "critic").eval()

@@ -7,11 +7,14 @@ from engine_cases import PROMPT_LENS, RESPONSE_LENS, random_batch
 
 from ppo_trainer.batch import Batch
 from ppo_trainer.engine.microbatch import global_counts, micro_batch_units, plan_micro_batches
+from ppo_trainer.models.packing import Layout
+
+SHARED = Layout(share_prompts=True)
 
 
-def planned_rows(batch: Batch, budget: int, share_prompts: bool = False) -> list[list[int]]:
+def planned_rows(batch: Batch, budget: int, layout: Layout = Layout()) -> list[list[int]]:
     """The rows of each micro-batch one rank plans (no halving, no dummies: no other rank)."""
-    return [m.rows.tolist() for m in plan_micro_batches(batch, budget, share_prompts)]
+    return [m.rows.tolist() for m in plan_micro_batches(batch, budget, layout)]
 
 
 def test_row_extents_count_real_prompt_and_response_tokens():
@@ -74,7 +77,7 @@ def test_rows_of_one_prompt_stay_together_and_packed_tokens_stay_within_budget()
     groups = batch.prompt_groups()
     assert groups == [list(range(i, i + 4)) for i in range(0, 24, 4)]
     for budget in (24, 40, 100):
-        split = planned_rows(batch, budget, share_prompts=True)
+        split = planned_rows(batch, budget, SHARED)
         assert sorted(sum(split, [])) == list(range(len(batch)))
         for rows in split:
             assert all(set(g) <= set(rows) or not set(g) & set(rows) for g in groups)
@@ -85,7 +88,7 @@ def test_rows_of_one_prompt_stay_together_and_packed_tokens_stay_within_budget()
             if len(packed) > 1:  # a group over budget gets a micro-batch of its own
                 assert len(packed) * max(packed.values()) <= budget
     padded = planned_rows(batch, 100)
-    assert len(planned_rows(batch, 100, share_prompts=True)) < len(padded)
+    assert len(planned_rows(batch, 100, SHARED)) < len(padded)
 
 
 def test_deal_keeps_a_prompts_rows_in_one_share_while_every_share_gets_one():
@@ -106,5 +109,5 @@ def test_observation_tokens_count_in_a_forwards_cost_and_width_but_not_in_the_lo
     assert batch.row_extents()[1].tolist() == [6, 2]
     assert batch.trim_padding().response_length == 6
     assert global_counts(batch).tokens == 4
-    assert micro_batch_units(batch, share_prompts=True)[1]([0, 1]) == 3 + 6 + 2  # one packed row
+    assert micro_batch_units(batch, SHARED).cost([0, 1]) == 3 + 6 + 2  # one packed row
     assert planned_rows(batch, 2 * (3 + 6)) == [[0, 1]] and planned_rows(batch, 2 * (3 + 6) - 1) == [[0], [1]]

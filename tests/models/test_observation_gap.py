@@ -92,8 +92,8 @@ def test_values_over_an_observation_gap_equal_a_full_forward(tiny_model_dir, pat
 
 def test_packing_keeps_observation_tokens_as_keys_of_their_own_episode():
     batch = gap_batch()
-    packed = packing.pack_shared_prompts(batch.input_ids, batch.attention_mask, batch.position_ids,
-                                         batch.response_mask)
+    packed = packing.pack_rows(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask,
+                               packing.Layout(share_prompts=True))
     assert packed.input_ids[0].tolist() == A + EPISODES[0][0] + EPISODES[1][0] + EPISODES[2][0]
     assert packed.position_ids[0].tolist() == list(range(11)) + list(range(4, 8)) + list(range(4, 9))
     allowed = packed.attention_mask[0, 0]

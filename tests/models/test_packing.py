@@ -1,12 +1,16 @@
-"""Prompt sharing: the packed layout by hand, and packed forwards equal each row run alone in
-float64 (hidden states and parameter gradients), for both attention implementations that take 4D masks."""
+"""The layouts of `models.packing` by hand (prompt sharing, blocks packed several to a row, single
+sequences told apart by their positions), and their forwards equal each row run alone in float64
+(hidden states and parameter gradients), for both attention implementations that take 4D masks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ppo_trainer.models.packing import pack_shared_prompts, states_before_response_tokens
+from ppo_trainer.models.packing import Layout, pack_rows, states_before_response_tokens
+
+SHARED = Layout(share_prompts=True)
+LAYOUTS = {"shared": SHARED, "shared-packed": Layout(share_prompts=True, pack=True), "by-positions": Layout(pack=True)}
 
 
 def padded_rows(rows: list[tuple[list[int], list[int]]]):
@@ -22,7 +26,7 @@ def padded_rows(rows: list[tuple[list[int], list[int]]]):
 
 def test_two_samples_of_one_prompt_pack_into_one_row_that_hides_them_from_each_other():
     rows = [([5, 6], [7, 8]), ([5, 6], [9]), ([4, 5, 6], [3, 3])]  # rows 0, 1 share the prompt [5, 6]
-    packed = pack_shared_prompts(*padded_rows(rows))
+    packed = pack_rows(*padded_rows(rows), SHARED)
     assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9], [4, 5, 6, 3, 3]]
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2], [0, 1, 2, 3, 4]]
     allowed = packed.attention_mask[0, 0].int().tolist()
@@ -39,10 +43,32 @@ def test_two_samples_of_one_prompt_pack_into_one_row_that_hides_them_from_each_o
 
 def test_padding_queries_attend_themselves_so_no_softmax_row_is_empty():
     rows = [([5, 6], [7, 8, 9]), ([4], [3])]  # packed widths 5 and 2
-    packed = pack_shared_prompts(*padded_rows(rows))
+    packed = pack_rows(*padded_rows(rows), SHARED)
     assert packed.input_ids.shape == (2, 5)
     assert torch.all(packed.attention_mask.any(dim=-1))
     assert not packed.attention_mask[1, 0, :2, 2:].any()  # padding is never a key of a real token
+
+
+def test_blocks_of_different_prompts_share_a_row_and_never_see_each_other():
+    rows = [([5, 6], [7, 8, 9]), ([5, 6], [9]), ([4], [3]), ([2], [1, 1])]  # blocks of 6, 2 and 3 tokens
+    packed = pack_rows(*padded_rows(rows), LAYOUTS["shared-packed"])
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9, 9], [2, 1, 1, 4, 3, 0]]  # longest first: 6 | 3 + 2
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 2], [0, 1, 2, 0, 1, 0]]
+    block = torch.ones(3, 3).tril()
+    expected = torch.block_diag(block, block[:2, :2], torch.ones(1, 1)).int().tolist()  # padding sees itself
+    assert packed.attention_mask[1, 0].int().tolist() == expected
+    # row 2's token 3 is predicted from its prompt [4] at column 3; row 3's from [2] at column 0
+    assert packed.predicting_rows.tolist() == [0, 0, 0, 0, 1, 1, 1]
+    assert packed.predicting_cols.tolist() == [1, 2, 3, 1, 3, 0, 1]
+
+
+def test_single_sequences_pack_with_restarting_positions_and_no_mask():
+    rows = [([5, 6], [7, 8, 9]), ([5, 6], [9]), ([4], [3])]  # sequences of 5, 3 and 2 tokens
+    packed = pack_rows(*padded_rows(rows), LAYOUTS["by-positions"])
+    assert packed.attention_mask is None
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 9, 4, 3]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    assert packed.predicting_cols.tolist() == [1, 2, 3, 1, 3]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +78,9 @@ def float64_decoder(tiny_model_dir):
     return AutoModel.from_pretrained(tiny_model_dir, dtype=torch.float64)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_packed_states_and_gradients_equal_each_row_run_alone_in_float64(float64_decoder, implementation):
+def test_packed_states_and_gradients_equal_each_row_run_alone_in_float64(float64_decoder, implementation, layout):
     """The reference runs every row by itself, unpadded: the states before its response tokens
     and the gradient of the same weighted sum, over all rows."""
     float64_decoder.config._attn_implementation = implementation
@@ -66,7 +93,7 @@ def test_packed_states_and_gradients_equal_each_row_run_alone_in_float64(float64
     rows = [(prompts[0], tokens(3)), (prompts[0], tokens(6)), (prompts[0], tokens(1)),
             (prompts[1], tokens(2)), (prompts[1], tokens(5)), (prompts[2], tokens(4))]
     inputs = padded_rows(rows)
-    assert pack_shared_prompts(*inputs).input_ids.numel() < inputs[0].numel()  # it does pack
+    assert pack_rows(*inputs, LAYOUTS[layout]).input_ids.numel() < inputs[0].numel()  # it does pack
     weights = torch.randn(sum(len(r) for _, r in rows), float64_decoder.config.hidden_size, generator=gen,
                           dtype=torch.float64)
 
@@ -75,7 +102,7 @@ def test_packed_states_and_gradients_equal_each_row_run_alone_in_float64(float64
         float64_decoder.zero_grad(set_to_none=True)
         return out
 
-    packed = states_before_response_tokens(float64_decoder, *inputs)
+    packed = states_before_response_tokens(float64_decoder, *inputs, LAYOUTS[layout])
     (packed * weights).sum().backward()
     packed_grads = grads()
     alone = []
@@ -109,12 +136,12 @@ def test_rows_with_distinct_prompts_take_the_plain_path_with_the_packed_paths_re
             for p, r in ((4, 3), (2, 5), (5, 1))]
     inputs = padded_rows(rows)
     packed = []
-    real_pack = packing.pack_shared_prompts
-    monkeypatch.setattr(packing, "pack_shared_prompts", lambda *a: packed.append(1) or real_pack(*a))
+    real_pack = packing.pack_rows
+    monkeypatch.setattr(packing, "pack_rows", lambda *a: packed.append(1) or real_pack(*a))
     with torch.no_grad():
-        plain = states_before_response_tokens(decoder, *inputs)
+        plain = states_before_response_tokens(decoder, *inputs, SHARED)
         assert packed == [], "distinct prompts are not packed"
-        states_before_response_tokens(decoder, *padded_rows([rows[0], rows[0]]))  # a repeated prompt still packs
+        states_before_response_tokens(decoder, *padded_rows([rows[0], rows[0]]), SHARED)  # a repeated prompt still packs
         assert packed == [1]
         alone = torch.cat([decoder(input_ids=torch.tensor([p + r])).last_hidden_state[0][len(p) - 1 : -1]
                            for p, r in rows])

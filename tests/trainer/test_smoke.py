@@ -102,3 +102,15 @@ def test_with_a_positive_example_loss_the_actor_imitates_the_steps_correct_respo
         correct = metrics[step]["critic/score/mean"] > 0
         assert (metrics[step]["actor/positive_lm_loss"] > 0) is correct, step
     assert any(metrics[step]["critic/score/mean"] > 0 for step in (1, 2, 3))
+
+
+def test_packed_sequences_train_the_first_step_as_padded_rows_do(uninterrupted, tmp_path):
+    """algorithm.pack_sequences: step 1 samples the same rollouts, so its losses and statistics equal
+    the padded run's up to float32 rounding (on no more padding: the smoke's responses are alike)."""
+    smoke(tmp_path, "trainer.total_steps=1", "trainer.save_every=0", "algorithm.pack_sequences=true")
+    padded, packed = read_metrics(uninterrupted)[1], read_metrics(tmp_path)[1]
+    for key in ("actor/pg_loss", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "critic/vf_loss",
+                "critic/values/mean", "critic/grad_norm", "critic/advantages/mean"):
+        assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), key
+    assert packed["actor/padding_share"] <= padded["actor/padding_share"]
+    assert packed["critic/padding_share"] <= padded["critic/padding_share"]
