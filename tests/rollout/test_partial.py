@@ -27,7 +27,7 @@ from .conftest import load_model, reference_logprobs, sampler_config
 
 MATCH = 1e-3  # fp32 engine vs fp32 HF forward, as in test_weight_sync.py
 STALE = 1e-2  # the other weight set is off by far more than this
-LONG = 120  # tokens per sample, every sample running until then (ignore_eos): the push lands mid-way
+LONG = 64  # tokens per sample, every sample running until then (ignore_eos): the push lands mid-way
 
 
 def span(version: str, start: int, end: int) -> SimpleNamespace:
