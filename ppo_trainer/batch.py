@@ -67,7 +67,11 @@ class Batch:
     | turn_rewards    | [B, T]    | multi-turn: each turn's environment reward on that turn's last |
     |                 |           | policy token, 0 elsewhere; None for single-turn rollouts       |
     | policy_version  | [B]       | int64: the step whose updated weights sampled the row (0: the  |
-    |                 |           | initial ones); set by the driver's `run.pipeline`              |
+    |                 |           | initial ones; partial rollouts: those it started with); set by |
+    |                 |           | the driver's `run.pipeline`                                    |
+    | token_version   | [B, T]    | int64, partial rollouts only (sampler.partial_rollouts): the   |
+    |                 |           | step whose weights sampled each token (a row cut by a weight   |
+    |                 |           | push holds two or more); 0 on pad and observation tokens       |
 
     Non-tensor fields are per-row lists (prompt_text: the prompt's display text; prompt_messages: its
     chat turns, which a reward model renders in its own template; ground_truth, data_source,
@@ -94,6 +98,7 @@ class Batch:
     positive: Optional[torch.Tensor] = None
     turn_rewards: Optional[torch.Tensor] = _response()
     policy_version: Optional[torch.Tensor] = None
+    token_version: Optional[torch.Tensor] = _response()
     prompt_text: Optional[list[str]] = None
     prompt_messages: Optional[list[list[dict[str, Any]]]] = None
     response_text: Optional[list[str]] = None

@@ -27,7 +27,7 @@ from ppo_trainer.core.kl_control import AdaptiveKL, FixedKL
 from ppo_trainer.core.masked import masked_mean
 from ppo_trainer.core.metrics import logprob_gap_metrics
 from ppo_trainer.core.rollout_correction import rollout_weights
-from ppo_trainer.core.staleness import staleness_metrics
+from ppo_trainer.core.staleness import staleness_metrics, token_staleness_metrics
 from ppo_trainer.data import PromptLoader, PromptRecord, load_prompts
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.engine.critic import CriticEngine
@@ -50,7 +50,7 @@ from ppo_trainer.rewards.scoring import (
     reward_metrics,
     scorers_of,
 )
-from ppo_trainer.rollout import Sampler
+from ppo_trainer.rollout import PartialSampler, Sampler
 from ppo_trainer.rollout.multi_turn import multi_turn_metrics
 from ppo_trainer.run import checkpoint, resume, trainer_state
 from ppo_trainer.run import folder as run_folder
@@ -234,7 +234,8 @@ class Trainer:
         with timer("step"):
             with timer("gen"), self.rollout_awake():  # k >= 1: waits for a batch generated during earlier steps
                 records, batch = self.rollouts.take(step)
-            metrics.update(staleness_metrics(step, batch.policy_version))
+            metrics.update(staleness_metrics(step, batch.policy_version) if batch.token_version is None
+                           else token_staleness_metrics(step, batch.token_version, batch.response_mask))
             if batch.episodes is not None:
                 metrics.update(multi_turn_metrics(batch))
             with timer("reward"):
@@ -279,8 +280,10 @@ class Trainer:
             if not self.critic_warmup.active(step):
                 with timer("update_actor"):
                     metrics.update(self.guard_nonfinite("actor", self.actor.run_all(ActorEngine.update, batch)[0]))
-                with timer("sync"):  # k >= 1: waits for the generation submitted at this step's start
+                with timer("sync"):  # k >= 1: waits for the generation ahead (partial rollouts: pauses it)
                     metrics["perf/sync_bytes"] = float(self.sync_rollout_weights())
+            elif cfg.sampler.partial_rollouts:  # the unchanged weights are the policy after this step too
+                self.rollout.run_all(PartialSampler.set_policy_version, step)
             self.rollouts.push_done(step)  # in a critic warm-up the rollout's weights are already this step's
             self.critic_warmup.observe(step, deciding_explained_var(metrics))  # critic-free: no warm-up
         metrics.update({f"timing_s/{k}": v for k, v in timer.seconds.items()})
@@ -383,9 +386,12 @@ class Trainer:
     def sync_rollout_weights(self) -> int:
         """Stream the actor's current weights (LoRA merged, in the compute dtype) from its rank 0
         straight into every rollout replica, in buckets of sampler.sync_bucket_mb; returns the bytes
-        each replica received."""
+        each replica received. With partial rollouts the weights are labelled the policy after this step,
+        which the tokens sampled from them record."""
         bucket_bytes = int(self.cfg.sampler.sync_bucket_mb * 2**20)
         sent = self.actor.run_all(Worker.push_weights, self.rollout.receivers(), bucket_bytes)
+        if self.cfg.sampler.partial_rollouts:
+            self.rollout.run_all(PartialSampler.set_policy_version, self.step)
         self.rollout.run_all(Sampler.finish_weight_sync)
         return sent[0]
 

@@ -13,9 +13,14 @@ Workloads:
     python scripts/bench_async.py --workload smollm2 --steps 8
     python scripts/bench_async.py --workload recipe --steps 6 --json bench_async.json
 
+`--partial` adds a third run, k=1 with partial rollouts (sampler.partial_rollouts: a push cuts the
+generation in flight instead of waiting for it; docs/async.md), with the share of samples cut and
+the token-level staleness beside the rest:
+
+    python scripts/bench_async.py --workload smollm2 --steps 8 --partial
+
 The first `--skip` steps (default 2: engines warming up, and k=1's first step waits for two
-generations) are left out of the medians. Partial rollouts (sampler.partial_rollouts) are not
-built yet, so they are not measured.
+generations) are left out of the medians.
 """
 
 from __future__ import annotations
@@ -74,7 +79,10 @@ def summarize(metrics: list[dict], skip: int, samples: int) -> dict:
     return {"steps": len(steps), "step_s": step, "gen_s": median("timing_s/gen"),
             "train_s": statistics.median(sum(m.get(f"timing_s/{p}", 0.0) for p in TRAINING_PHASES) for m in steps),
             "sync_s": median("timing_s/sync"), "idle_share": {r: median(f"perf/{r}/idle_share") for r in roles},
-            "staleness_max": max(m["rollout/staleness/max"] for m in steps), "samples_per_hour": samples / step * 3600}
+            "staleness_max": max(m["rollout/staleness/max"] for m in steps),
+            "staleness_mean": median("rollout/staleness/mean"),
+            "cut_share": median("rollout/staleness/cut_share"),
+            "samples_per_hour": samples / step * 3600}
 
 
 def main() -> None:
@@ -83,7 +91,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--skip", type=int, default=2, help="first steps left out of the medians")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--partial", action="store_true", help="also k=1 with sampler.partial_rollouts=true")
     args = parser.parse_args()
+    arms = {"0": ["sampler.max_staleness=0"], "1": ["sampler.max_staleness=1"]}
+    if args.partial:
+        arms["1 partial"] = ["sampler.max_staleness=1", "sampler.partial_rollouts=true"]
 
     fp32 = measure_ceilings("cpu", torch.float32).tflops * 1e3
     bf16 = measure_ceilings("cpu", torch.bfloat16).tflops * 1e3
@@ -91,26 +103,30 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         common, samples = workload_overrides(args.workload, Path(tmp))
-        for k in (0, 1):
-            overrides = [*common, "devices.backend=ray", "devices.accelerator=cpu", f"sampler.max_staleness={k}",
+        for arm, settings in arms.items():
+            overrides = [*common, "devices.backend=ray", "devices.accelerator=cpu", *settings,
                          f"trainer.total_steps={args.steps}", "trainer.val_every=0", "trainer.save_every=0",
                          "trainer.loggers=[jsonl]"]
-            print(f"k={k}: {args.steps} steps ...", flush=True)
-            results[k] = summarize(run(overrides, Path(tmp) / f"k{k}"), args.skip, samples)
+            print(f"k={arm}: {args.steps} steps ...", flush=True)
+            results[arm] = summarize(run(overrides, Path(tmp) / f"k{arm.replace(' ', '_')}"), args.skip, samples)
 
-    lock = results[0]
+    lock = results["0"]
     other = lock["step_s"] - lock["gen_s"] - lock["train_s"] - lock["sync_s"]  # bookkeeping between phases
     projected = max(lock["gen_s"], lock["train_s"]) + lock["sync_s"] + other
     print(f"\n{args.workload} on the ray backend, {samples} samples a step, medians of {lock['steps']} steps")
     roles = sorted(lock["idle_share"])
     print("| k | step s | gen wait s | training s | sync s | " + " | ".join(f"{r} idle" for r in roles)
-          + " | samples/h | staleness max |")
-    print("|---" * (7 + len(roles)) + "|")
-    for k, r in results.items():
-        print(f"| {k} | {r['step_s']:.1f} | {r['gen_s']:.1f} | {r['train_s']:.1f} | {r['sync_s']:.1f} | "
+          + " | samples/h | staleness max | staleness mean | cut share |")
+    print("|---" * (9 + len(roles)) + "|")
+    for arm, r in results.items():
+        print(f"| {arm} | {r['step_s']:.1f} | {r['gen_s']:.1f} | {r['train_s']:.1f} | {r['sync_s']:.1f} | "
               + " | ".join(f"{r['idle_share'].get(role, float('nan')):.2f}" for role in roles)
-              + f" | {r['samples_per_hour']:.0f} | {r['staleness_max']:.0f} |")
-    print(f"\nk=1 against k=0: {lock['step_s'] / results[1]['step_s']:.2f}x samples per hour here (one CPU "
+              + f" | {r['samples_per_hour']:.0f} | {r['staleness_max']:.0f} | {r['staleness_mean']:.2f} | "
+              f"{r['cut_share']:.2f} |")
+    if args.partial:
+        gain = results["1"]["step_s"] / results["1 partial"]["step_s"]
+        print(f"\nk=1 with partial rollouts against k=1: {gain:.2f}x samples per hour here")
+    print(f"\nk=1 against k=0: {lock['step_s'] / results['1']['step_s']:.2f}x samples per hour here (one CPU "
           f"shared by every role). Projection, rollout and trainers on devices of their own: step "
           f"max(gen {lock['gen_s']:.1f}, training {lock['train_s']:.1f}) + sync {lock['sync_s']:.1f} + other "
           f"{other:.1f} = {projected:.1f} s, {lock['step_s'] / projected:.2f}x")

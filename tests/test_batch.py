@@ -41,3 +41,14 @@ def test_concat_left_pads_narrower_prompt_blocks_to_the_widest():
     assert merged.attention_mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]
     assert merged.position_ids.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
     assert merged.response_mask.tolist() == [[1], [1]] and merged.sample_logprobs.tolist() == [[-1.0], [-2.0]]
+
+
+def test_per_token_versions_follow_the_response_block_through_concat_select_and_trim():
+    """Partial rollouts' `token_version` [B, T] is a response field: padded with 0, cut with the block."""
+    one, two = rollout([1]), rollout([3, 2])
+    one = one.with_fields(token_version=torch.tensor([[4]]))
+    two = two.with_fields(token_version=torch.tensor([[3, 3, 4], [3, 3, 0]]))
+    merged = Batch.concat([one, two])
+    assert merged.token_version.tolist() == [[4, 0, 0], [3, 3, 4], [3, 3, 0]]
+    picked = merged.select([0, 2]).trim_padding()
+    assert picked.response_length == 2 and picked.token_version.tolist() == [[4, 0], [3, 3]]

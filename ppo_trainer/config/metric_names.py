@@ -73,6 +73,8 @@ def produced(cfg: Any, uses_reference: bool) -> set[str]:
         names.add("kl_ctrl/skipped_updates")
     if is_multi_turn(cfg.sampler):
         names |= set(MULTI_TURN)
+    if cfg.sampler.partial_rollouts:
+        names.add("rollout/staleness/cut_share")
     if a.filter_groups:
         names |= {"filter/kept_groups", "filter/draws", "filter/filled_groups", "timing_s/filter"}
     return names

@@ -190,8 +190,8 @@ class SamplerConfig:  # rollout generation: the engine and its sampling settings
     # devices.backend=ray, algorithm.rollout_correction tis or mis, not colocated on GPUs or NPUs
     max_staleness: int = field(default=0, metadata=at_least(0, why="0 is lock-step"))
     # samples still generating at a weight sync continue under the new weights instead of the sync waiting
-    # for them (a sample may then span policy versions); sampler=vllm with max_staleness >= 1, single-turn or
-    # tools (no sampler.multi_turn.env). Not built yet: true is refused
+    # for them (a sample may then span policy versions, each token recording its own: docs/async.md);
+    # sampler=vllm with max_staleness >= 1, single-turn or tools (no sampler.multi_turn.env)
     partial_rollouts: bool = False
     vllm: VllmConfig = field(default_factory=VllmConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

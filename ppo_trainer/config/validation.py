@@ -232,7 +232,7 @@ def _estimator_checks(cfg: DictConfig) -> None:
 
 def _staleness_checks(cfg: DictConfig) -> None:
     """sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, docs/async.md): what a
-    lagged policy needs, and the partial rollouts, which are not built yet."""
+    lagged policy needs, and what partial rollouts need besides."""
     s, dev, k = cfg.sampler, cfg.devices, cfg.sampler.max_staleness
     if s.partial_rollouts:
         _require(s.name == "vllm", "sampler.partial_rollouts",
@@ -261,9 +261,6 @@ def _staleness_checks(cfg: DictConfig) -> None:
              f"is {k} with devices.colocate=true on devices.accelerator={dev.accelerator}: on GPUs and NPUs vLLM "
              "sleeps while the trainers use the shared devices, so nothing overlaps; set devices.colocate=false "
              "(or devices.accelerator=cpu), or sampler.max_staleness=0")
-    _require(not s.partial_rollouts, "sampler.partial_rollouts",
-             "is true, but partial rollouts are not built yet; set sampler.partial_rollouts=false (whole "
-             "samples, generated ahead, work with sampler.max_staleness)")
 
 
 def _filter_checks(cfg: DictConfig) -> None:

@@ -2,7 +2,10 @@
 is the policy after PPO step v (0: the initial weights). Step s (from 1) updates version s-1; with a
 lag of k it trains on samples generated from version ``behaviour_step(s, k)`` = max(0, s-1-k). The
 schedule is a function of the step alone, not of how fast generation ran, so a run's staleness is
-the same on every machine and a resumed run regenerates exactly what the uninterrupted one used."""
+the same on every machine and a resumed run regenerates exactly what the uninterrupted one used.
+
+With partial rollouts a weight push cuts the samples still generating: each token is then stale by the
+version that sampled it, which can only be newer than the sample's start, so never above the lag."""
 
 from __future__ import annotations
 
@@ -32,3 +35,19 @@ def staleness_metrics(step: int, versions: torch.Tensor) -> dict[str, float]:
     when the samples follow ``behaviour_step``)."""
     lag = sample_staleness(step, versions)
     return {"rollout/staleness/mean": int(lag.sum()) / lag.numel(), "rollout/staleness/max": float(lag.max())}
+
+
+def token_staleness_metrics(step: int, versions: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Partial rollouts: ``rollout/staleness/mean`` and ``/max`` over a step's tokens (``versions``
+    [B, T], integers, each token's recorded weight version; ``mask`` [B, T], 1 on the tokens that count,
+    the response's), and ``rollout/staleness/cut_share``: the share of samples whose tokens span more
+    than one version (cut by a weight push)."""
+    valid = mask.bool()
+    if not bool(valid.any()):
+        raise ValueError(f"step {step}: no response token to measure the staleness of")
+    lag = sample_staleness(step, versions[valid])
+    highest = torch.where(valid, versions, torch.iinfo(versions.dtype).min).amax(dim=1)
+    lowest = torch.where(valid, versions, torch.iinfo(versions.dtype).max).amin(dim=1)
+    cut = (highest > lowest)[valid.any(dim=1)]
+    return {"rollout/staleness/mean": int(lag.sum()) / lag.numel(), "rollout/staleness/max": float(lag.max()),
+            "rollout/staleness/cut_share": int(cut.sum()) / cut.numel()}

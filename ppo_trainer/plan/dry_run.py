@@ -86,11 +86,13 @@ def algorithm_lines(cfg: DictConfig) -> list[str]:
                   "mis": f"mis, sequences kept with geometric-mean ratio in "
                          f"[{a.rollout_correction_low}, {a.rollout_correction_high}]"}[a.rollout_correction]
     k = cfg.sampler.max_staleness
+    cut = ("; a weight push cuts the generation in flight, which continues on the new weights "
+           "(sampler.partial_rollouts)" if cfg.sampler.partial_rollouts else "")
     lines = [f"kl:        {route}" + (f" ({'; '.join(kl_keys)})" if kl_keys else ""), advantage_line(cfg),
              f"rollout correction: {correction}",
              "rollouts:  lock-step (sampler.max_staleness=0)" if k == 0 else
              f"rollouts:  generated {k} step{'s' if k > 1 else ''} ahead while the trainers train: step s trains on "
-             f"samples from the weights after step max(0, s-{k + 1}) (docs/async.md)"]
+             f"samples from the weights after step max(0, s-{k + 1}){cut} (docs/async.md)"]
     lines.append(rows_line(cfg))
     if uses_critic(cfg):
         lines.append(f"critic warm-up: {warmup_summary(a)}")

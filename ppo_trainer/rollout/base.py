@@ -15,6 +15,8 @@ sample `j` of prompt `i`, with a response block (width T, right-padded) after th
 | truncated       | [B]      | True where the response hit max_new_tokens without EOS or stop     |
 |                 |          | (multi-turn: its last action did, or the episode ran out of        |
 |                 |          | multi_turn.max_response_tokens)                                    |
+| token_version   | [B, T]   | partial rollouts only (`PartialSampler`): the policy version that  |
+|                 |          | sampled each token; 0 on pad and on observation tokens             |
 
 `response_text`: decoded without special tokens, cut before the first stop string; the prompt's
 fields (`prompt_text`, `ground_truth`, `data_source`, `extra_info`) repeat n times. A multi-turn
@@ -46,12 +48,14 @@ class RowSampling:
 class Completion:
     """What a sampler generated after one context: `token_ids` up to and including EOS or the token
     that completed a stop string, their `logprobs` (as `sample_logprobs`), `stopped` (False: it hit
-    max_new_tokens), `text` decoded without special tokens and cut before the first stop string."""
+    max_new_tokens), `text` decoded without special tokens and cut before the first stop string;
+    `versions`: each token's policy version where the sampler labels them (partial rollouts), else None."""
 
     token_ids: list[int]
     logprobs: list[float]
     stopped: bool
     text: str
+    versions: Optional[list[int]] = None
 
 
 class Sampler(Protocol):
@@ -74,6 +78,17 @@ class Sampler(Protocol):
     def sleep(self) -> None: ...
 
     def wake(self) -> None: ...
+
+
+class PartialSampler(Sampler, Protocol):
+    """A sampler whose generation continues across weight syncs (`sampler.partial_rollouts`): a sync
+    pauses it rather than waiting for it, and each token records the policy version that sampled it
+    (`Batch.token_version`)."""
+
+    def set_policy_version(self, version: int) -> None:
+        """The version of the weights loaded since the last `finish_weight_sync` (called before the
+        next one): tokens sampled after that sync carry it."""
+        ...
 
 
 class ContinuingSampler(Sampler, Protocol):
@@ -133,12 +148,14 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]],
                      truncated: Sequence[bool], texts: Sequence[str], pad_id: int, *,
                      response_masks: Optional[Sequence[Sequence[int]]] = None,
-                     prompt_ids: Optional[Sequence[Optional[Sequence[int]]]] = None) -> Batch:
+                     prompt_ids: Optional[Sequence[Optional[Sequence[int]]]] = None,
+                     versions: Optional[Sequence[Sequence[int]]] = None) -> Batch:
     """The rollout Batch from per-row results (row i*n+j: sample j of prompt i): `responses[r]`
     the real tokens (ending with EOS or the stop token unless truncated), `logprobs[r]` theirs.
     Multi-turn rows: `response_masks[r]` 1 on the policy's tokens, 0 on the observations between
     them (attended, positions counting on, logprob 0); `prompt_ids[r]` replaces that row's prompt
-    when not None (the prompt block is then left-padded to the widest)."""
+    when not None (the prompt block is then left-padded to the widest). `versions[r]`, partial
+    rollouts: each token's policy version (`token_version`; 0 on observations)."""
     rows = len(prompts) * n
     if not (len(responses) == len(logprobs) == len(truncated) == len(texts) == rows):
         raise ValueError(f"assemble_rollout: expected {rows} sequences ({len(prompts)} prompts x n={n})")
@@ -156,6 +173,9 @@ def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]],
         response_mask[r, : len(ids)] = torch.as_tensor(list(mask), dtype=torch.long)
         sample_logprobs[r, : len(lps)] = torch.as_tensor(list(lps), dtype=torch.float32)
     sample_logprobs = torch.where(response_mask.bool(), sample_logprobs, 0)  # observations: none of the policy's
+    if versions is not None and [len(v) for v in versions] != [len(ids) for ids in responses]:
+        raise ValueError("assemble_rollout: each row needs one version per token")
+    token_version = None if versions is None else torch.where(response_mask.bool(), padded_rows(versions, width), 0)
 
     repeated = prompts.select(torch.arange(len(prompts)).repeat_interleave(n))
     if prompt_ids is not None and any(p is not None for p in prompt_ids):
@@ -172,6 +192,15 @@ def assemble_rollout(prompts: Batch, n: int, responses: Sequence[Sequence[int]],
         response_mask=response_mask,
         sample_logprobs=sample_logprobs,
         truncated=torch.as_tensor(list(truncated), dtype=torch.bool),
+        token_version=token_version,
         response_text=list(texts),
         meta={**prompts.meta, "pad_token_id": pad_id},
     )
+
+
+def padded_rows(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """[len(rows), width] int64: each row's integers from column 0, 0 after them."""
+    out = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, values in enumerate(rows):
+        out[r, : len(values)] = torch.as_tensor(list(values), dtype=torch.long)
+    return out

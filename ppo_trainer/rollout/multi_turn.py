@@ -56,6 +56,7 @@ class Episode:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 on actions, 0 on observations
     logprobs: list[float] = field(default_factory=list)
+    versions: Optional[list[int]] = None  # partial rollouts: each token's policy version, 0 on observations
     rewards: list[tuple[int, float]] = field(default_factory=list)  # (column of an action's last token, reward)
     texts: list[str] = field(default_factory=list)  # the response block's text, segment by segment
     turns: list[dict[str, str]] = field(default_factory=list)
@@ -94,6 +95,8 @@ class Episode:
         self.ids += action.token_ids
         self.mask += [1] * len(action.token_ids)
         self.logprobs += action.logprobs
+        if action.versions is not None:  # a sampler labels every action or none
+            self.versions = (self.versions or []) + action.versions
         self.rewards.append((len(self.ids) - 1, outcome.reward))
         self.texts.append(action.text)
         # the records: each action with its reward, then what answered it (an empty answer left out)
@@ -119,6 +122,8 @@ class Episode:
             self.ids += observation
             self.mask += [0] * len(observation)
             self.logprobs += [0.0] * len(observation)
+            if self.versions is not None:
+                self.versions += [0] * len(observation)
             self.texts.append(decode(observation))
             self.observation_tokens += len(observation)
 
@@ -141,11 +146,14 @@ def turn_rewards(episodes: Sequence[Episode], width: int) -> torch.Tensor:
 
 def rollout_batch(prompts: Batch, n: int, episodes: Sequence[Episode], pad_id: int) -> Batch:
     """The rollout Batch of finished episodes (row i*n+j: episode j of prompt i), with
-    `turn_rewards` and `episodes`; `response_text` the whole block's text, observations included."""
+    `turn_rewards` and `episodes`; `response_text` the whole block's text, observations included; and
+    `token_version` where the sampler labelled the actions (partial rollouts)."""
+    labelled = any(e.versions is not None for e in episodes)
     batch = assemble_rollout(prompts, n, [e.ids for e in episodes], [e.logprobs for e in episodes],
                              [e.truncated for e in episodes], ["".join(e.texts) for e in episodes], pad_id,
                              response_masks=[e.mask for e in episodes],
-                             prompt_ids=[e.prompt_ids if e.new_prompt else None for e in episodes])
+                             prompt_ids=[e.prompt_ids if e.new_prompt else None for e in episodes],
+                             versions=[e.versions or [] for e in episodes] if labelled else None)
     return batch.with_fields(turn_rewards=turn_rewards(episodes, batch.response_length),
                              episodes=[e.record() for e in episodes])
 
@@ -220,6 +228,10 @@ class MultiTurnSampler:
 
     def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.inner.load_weight_bucket(state_dict)
+
+    def set_policy_version(self, version: int) -> None:
+        """`PartialSampler.set_policy_version` of `inner` (partial rollouts only: vLLM's partial sampler)."""
+        self.inner.set_policy_version(version)
 
     def finish_weight_sync(self) -> None:
         self.inner.finish_weight_sync()

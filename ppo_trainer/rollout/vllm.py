@@ -89,6 +89,30 @@ def engine_kwargs(model_dir: str | Path, cfg: SamplerConfig, dtype: str, seed: i
     return kwargs
 
 
+def sampling_params(cfg: SamplerConfig, n: int, seed: int, greedy: bool, setting: RowSampling) -> Any:
+    """vLLM's SamplingParams: `setting` over the config `cfg`, logprobs of the sampled tokens."""
+    from vllm import SamplingParams
+
+    top_k = cfg.top_k if setting.top_k is None else setting.top_k
+    return SamplingParams(
+        n=n, temperature=0.0 if greedy else cfg.temperature if setting.temperature is None else setting.temperature,
+        top_p=1.0 if greedy else cfg.top_p if setting.top_p is None else setting.top_p,
+        top_k=-1 if greedy or top_k == 0 else top_k, max_tokens=setting.max_new_tokens, stop=list(cfg.stop) or None,
+        ignore_eos=cfg.ignore_eos, seed=seed, logprobs=0)
+
+
+def samples_in_order(outputs: Sequence[Any]) -> list[Any]:
+    """The `CompletionOutput`s of vLLM's `RequestOutput`s, request by request, each request's by index."""
+    return [sample for out in outputs for sample in sorted(out.outputs, key=lambda s: s.index)]
+
+
+def completion(sample: Any, stop: Sequence[str]) -> Completion:
+    """A `Completion` from one vLLM `CompletionOutput` (logprobs=0: the sampled token's logprob only)."""
+    return Completion(list(sample.token_ids),
+                      [step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)],
+                      sample.finish_reason != "length", cut_at_stop(sample.text, stop)[0])
+
+
 class VllmSampler:
     """One vLLM engine on HF folder `model_dir`. `dtype` is the engine's (pushed weights are cast
     to it); `max_model_len` applies when `cfg.vllm.max_model_len` is None; `enable_sleep` is
@@ -167,7 +191,7 @@ class VllmSampler:
         prompts = prompt_token_lists(batch)
         rng = random.Random(seed)
         setting = RowSampling(max_new_tokens or self.cfg.max_new_tokens, temperature or None)
-        done = self._run(prompts, [self._params(n, rng.getrandbits(31), greedy, setting) for _ in prompts])
+        done = self._run(prompts, [sampling_params(self.cfg, n, rng.getrandbits(31), greedy, setting) for _ in prompts])
         return assemble_rollout(batch, n, [c.token_ids for c in done], [c.logprobs for c in done],
                                 [not c.stopped for c in done], [c.text for c in done], self.pad_id)
 
@@ -176,26 +200,12 @@ class VllmSampler:
         """`ContinuingSampler.complete`: one request per context under its own seed, all in one
         `generate` call. Prefix caching (vLLM's default) reuses the KV of the blocks a context
         shares with an earlier request, such as its episode's previous turns."""
-        return self._run([list(c) for c in contexts],
-                         [self._params(1, seed, greedy, setting) for seed, setting in zip(seeds, settings)])
-
-    def _params(self, n: int, seed: int, greedy: bool, setting: RowSampling) -> Any:
-        """vLLM's SamplingParams: `setting` over the config, logprobs of the sampled tokens."""
-        from vllm import SamplingParams
-
-        c = self.cfg
-        top_k = c.top_k if setting.top_k is None else setting.top_k
-        return SamplingParams(
-            n=n, temperature=0.0 if greedy else c.temperature if setting.temperature is None else setting.temperature,
-            top_p=1.0 if greedy else c.top_p if setting.top_p is None else setting.top_p,
-            top_k=-1 if greedy or top_k == 0 else top_k, max_tokens=setting.max_new_tokens, stop=list(c.stop) or None,
-            ignore_eos=c.ignore_eos, seed=seed, logprobs=0)
+        params = [sampling_params(self.cfg, 1, seed, greedy, setting) for seed, setting in zip(seeds, settings)]
+        return self._run([list(c) for c in contexts], params)
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Completion]:
         """The samples of every request, request by request, each request's in sample order."""
         from vllm.inputs import TokensPrompt
 
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        samples = [sample for out in outputs for sample in sorted(out.outputs, key=lambda s: s.index)]
-        return [Completion(list(s.token_ids), [step[token].logprob for step, token in zip(s.logprobs, s.token_ids)],
-                           s.finish_reason != "length", cut_at_stop(s.text, self.cfg.stop)[0]) for s in samples]
+        return [completion(sample, self.cfg.stop) for sample in samples_in_order(outputs)]

@@ -8,7 +8,12 @@ Why the version is known: a rollout worker runs its calls one at a time in the o
 (one Ray actor per replica), and step t's generation is submitted at step t-k's start (step 1's for
 t <= k+1): after the push of step t-1-k's update, whose weights it must use, and before the push of
 step t-k's, whose it must not. So a generation samples with the last weights pushed before it was
-submitted, which `push_done` records, and every sample's `policy_version` says so."""
+submitted, which `push_done` records, and every sample's `policy_version` says so.
+
+With partial rollouts (sampler.partial_rollouts) the push does not wait for the generation in flight: it
+pauses it, and the generation continues with the new weights (`rollout.vllm_partial`). `policy_version`
+stays the weights a sample started with, and each token records those that sampled it
+(`Batch.token_version`, the engine's label of each push: `PartialSampler.set_policy_version`)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import inspect
 import resource
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -19,7 +20,7 @@ from ppo_trainer.engine.critic import CriticEngine
 from ppo_trainer.engine.reward_model import RewardModelEngine
 from ppo_trainer.errors import RunError
 from ppo_trainer.models.loading import resolve_model_path
-from ppo_trainer.rollout import Sampler, build_sampler
+from ppo_trainer.rollout import PartialSampler, Sampler, build_sampler
 from ppo_trainer.run.checkpoint import write_manifest
 from ppo_trainer.workers.cluster.nodes import folder_problem, this_node
 from ppo_trainer.workers.cluster.placement import DISTRIBUTED_ROLES
@@ -93,9 +94,39 @@ class SharedFolderError(RuntimeError):
 
 BUILDERS = {"actor": build_actor, "critic": build_critic, "rollout": build_rollout, "reward_model": build_reward_model}
 # The class whose methods a role's worker runs besides its own (`Worker.OWN_METHODS`); the rollout's
-# is the protocol every sampler follows.
-ENGINES: dict[str, type] = {"actor": ActorEngine, "critic": CriticEngine, "rollout": Sampler,
+# is the protocol every sampler follows (`Sampler`) and the label only partial rollouts call.
+ENGINES: dict[str, type] = {"actor": ActorEngine, "critic": CriticEngine, "rollout": PartialSampler,
                             "reward_model": RewardModelEngine}
+
+
+class BusyClock:
+    """The seconds during which at least one call ran: calls side by side (partial rollouts' rollout
+    worker runs a weight push beside a generation, each on a thread of its own) count once."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0  # busy since the last `take`
+        self.running, self.since = 0, time.perf_counter()  # calls running now; when that count last changed
+        self.lock = threading.Lock()
+
+    def change(self, calls: int) -> None:
+        """`calls` more (+1: one starts) or fewer (-1: one ends) calls running from now on."""
+        with self.lock:
+            self._advance()
+            self.running += calls
+
+    def take(self) -> float:
+        """The busy seconds since the last `take`, the calls still running counted up to now."""
+        with self.lock:
+            self._advance()
+            seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def _advance(self) -> None:
+        """Count the time since the last change if a call ran through it (the caller holds the lock)."""
+        now = time.perf_counter()
+        if self.running:
+            self.seconds += now - self.since
+        self.since = now
 
 
 class Worker:
@@ -111,7 +142,7 @@ class Worker:
         if torch.device(device).type == "cpu":  # its activations and gradients live in host memory
             keep_freed_host_memory()
         self.role = role
-        self.busy_s = 0.0  # seconds in calls since `busy_seconds` last read them
+        self.busy = BusyClock()
         seeded = role in DISTRIBUTED_ROLES
         if seeded:
             torch.manual_seed(cfg.trainer.seed)  # CPU and every CUDA device
@@ -123,18 +154,19 @@ class Worker:
         """Run `method`, a name from `method_name` (Ray calls an actor's methods by name), timed into
         `busy_seconds`; not `push_weights`, which mostly waits for the rollout workers to take them."""
         target = self if method in self.OWN_METHODS else self.engine
-        start = time.perf_counter()
+        timed = method != "push_weights"
+        if timed:
+            self.busy.change(+1)
         try:
             return getattr(target, method)(*args, **kwargs)
         finally:
-            if method != "push_weights":
-                self.busy_s += time.perf_counter() - start
+            if timed:
+                self.busy.change(-1)
 
     def busy_seconds(self) -> float:
-        """Seconds this worker spent in calls since the last `busy_seconds` (the `perf/<role>/idle_share`
-        metrics: how much of the time a pool waits)."""
-        busy, self.busy_s = self.busy_s, 0.0
-        return busy
+        """Seconds this worker spent in calls since the last `busy_seconds` (`BusyClock.take`; the
+        `perf/<role>/idle_share` metrics: how much of the time a pool waits)."""
+        return self.busy.take()
 
     def save(self, checkpoint: str, marker: str) -> None:
         """HF export into <checkpoint>/<role> (with LoRA: merged into <role>_merged too), resume state,

@@ -1,10 +1,11 @@
 """sampler.max_staleness and sampler.partial_rollouts (asynchronous rollouts, docs/async.md): lock-step
 by default; what a lagged policy cannot do is refused (exit 2, one line naming both keys, before any
-model loads), each rule apart; partial rollouts are refused as not built; a changed lag is refused on
-resume."""
+model loads), each rule apart; partial rollouts need vLLM, a lag and no environment; a changed lag or
+partial setting is refused on resume."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 
 from ppo_trainer.config.composition import compose
 from ppo_trainer.config.schema import ConfigError
+from ppo_trainer.plan.dry_run import algorithm_lines
 from ppo_trainer.run.resume import REFUSED, check_config
 
 RAY = ("devices.backend=ray", "algorithm.rollout_correction=tis")
@@ -79,20 +81,37 @@ def test_a_staleness_the_rules_allow_composes(placement):
     (["sampler=vllm"], "is true with sampler.max_staleness=0: lock-step rollouts"),
     (["sampler=vllm", "sampler.max_staleness=1", "sampler.multi_turn.env=ppo_trainer.agents.tasks:RevealDigit"],
      "is true with sampler.multi_turn.env: an environment's episode"),
-    (["sampler=vllm", "sampler.max_staleness=1"], "is true, but partial rollouts are not built yet"),
-    (["sampler=vllm", "sampler.max_staleness=1", "sampler.multi_turn.tools=[calculator]"],
-     "is true, but partial rollouts are not built yet"),
 ])
 def test_partial_rollouts_exit_2_naming_the_key_they_need(ppo_train_error, overrides, expected):
     line = ppo_train_error(*RAY, "sampler.partial_rollouts=true", *overrides)
     assert message(line).startswith(f"'sampler.partial_rollouts' {expected}")
 
 
-def test_a_changed_lag_is_refused_on_resume():
-    """The rollouts in flight at a checkpoint were generated for its lag: another one continues another run."""
-    assert {"sampler.max_staleness", "sampler.partial_rollouts"} <= set(REFUSED)
+@pytest.mark.parametrize("turns", [[], ["sampler.multi_turn.tools=[calculator]"]])
+def test_partial_rollouts_compose_with_vllm_a_lag_and_single_turns_or_tools(turns):
+    cfg = compose([*RAY, "sampler=vllm", "sampler.max_staleness=1", "sampler.partial_rollouts=true", *turns])
+    assert cfg.sampler.partial_rollouts and cfg.sampler.max_staleness == 1
+
+
+def test_the_dry_run_plan_says_whether_a_push_cuts_the_generation_in_flight():
+    whole = [*RAY, "sampler=vllm", "sampler.max_staleness=1"]
+    rollouts = [next(line for line in algorithm_lines(compose(overrides)) if line.startswith("rollouts:"))
+                for overrides in (whole, [*whole, "sampler.partial_rollouts=true"])]
+    assert rollouts == ["rollouts:  generated 1 step ahead while the trainers train: step s trains on samples from "
+                        "the weights after step max(0, s-2) (docs/async.md)",
+                        "rollouts:  generated 1 step ahead while the trainers train: step s trains on samples from "
+                        "the weights after step max(0, s-2); a weight push cuts the generation in flight, which "
+                        "continues on the new weights (sampler.partial_rollouts) (docs/async.md)"]
+
+
+@pytest.mark.parametrize("key, saved_value", [("sampler.max_staleness", 1), ("sampler.partial_rollouts", True)])
+def test_a_changed_lag_or_partial_setting_is_refused_on_resume(key, saved_value):
+    """The rollouts in flight at a checkpoint were generated for its lag and its pushes (cut or whole):
+    another setting continues another run."""
+    assert key in REFUSED
     cfg = compose(["+experiment=smoke"])
     saved = OmegaConf.create(OmegaConf.to_container(cfg))
-    OmegaConf.update(saved, "sampler.max_staleness", 1)
-    with pytest.raises(ConfigError, match=r"refused: sampler.max_staleness 1 -> 0 .*resume_allow=\[sampler.max_"):
+    OmegaConf.update(saved, key, saved_value)
+    changed = f"{key} {str(saved_value).lower() if isinstance(saved_value, bool) else saved_value} -> "
+    with pytest.raises(ConfigError, match=rf"refused: {re.escape(changed)}.*resume_allow=\[{re.escape(key)}"):
         check_config(Path("checkpoints/global_step_2"), saved, {"step": 2}, cfg)

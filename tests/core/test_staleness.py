@@ -1,12 +1,13 @@
 """The lag schedule of asynchronous rollouts: which weight version a step trains on, and how stale
-each sample is. Integers throughout: the schedule is exact, never a float that could round."""
+each sample (with partial rollouts: each token) is. Integers throughout: the schedule is exact, never
+a float that could round."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ppo_trainer.core.staleness import behaviour_step, sample_staleness, staleness_metrics
+from ppo_trainer.core.staleness import behaviour_step, sample_staleness, staleness_metrics, token_staleness_metrics
 
 
 def test_no_lag_is_todays_loop_each_step_samples_with_the_weights_it_updates():
@@ -39,3 +40,20 @@ def test_a_sample_from_the_future_or_a_step_before_the_first_is_refused():
         behaviour_step(0, 1)
     with pytest.raises(ValueError, match="got 2 and -1"):
         behaviour_step(2, -1)
+
+
+def test_with_partial_rollouts_the_metrics_are_over_the_response_tokens_of_each_version():
+    """Step 5 updates version 4. Row 0: 2 tokens of version 3 then 1 of 4 (cut by a push); row 1: 2
+    tokens of version 3 and padding (version 0, not counted); row 2: 1 token of version 2. Lags 1, 1, 0,
+    1, 1, 2: mean 6/6 = 1, max 2; one sample of three spans two versions."""
+    versions = torch.tensor([[3, 3, 4], [3, 3, 0], [2, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    assert token_staleness_metrics(5, versions, mask) == {"rollout/staleness/mean": 1.0, "rollout/staleness/max": 2.0,
+                                                          "rollout/staleness/cut_share": 1 / 3}
+
+
+def test_token_staleness_needs_a_response_token_and_no_version_from_the_future():
+    with pytest.raises(ValueError, match="no response token"):
+        token_staleness_metrics(2, torch.tensor([[1, 1]]), torch.tensor([[0, 0]]))
+    with pytest.raises(ValueError, match="weight version 3 cannot train at step 3"):
+        token_staleness_metrics(3, torch.tensor([[2, 3]]), torch.tensor([[1, 1]]))

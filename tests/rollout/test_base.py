@@ -47,6 +47,15 @@ def test_assemble_rollout_keeps_a_prompts_samples_adjacent_and_right_pads_respon
     assert batch.response_text == ["a", "b", "c", ""]
 
 
+def test_assemble_rollout_records_each_tokens_version_where_the_sampler_labels_them():
+    prompts = prompts_to_batch([[5, 6]], pad_id=0)
+    rows = ([[11, 2], [12]], [[-0.5, -0.25], [-1.0]], [False, False], ["a", "b"], 0)
+    assert assemble_rollout(prompts, 2, *rows, versions=[[3, 4], [3]]).token_version.tolist() == [[3, 4], [3, 0]]
+    assert assemble_rollout(prompts, 2, *rows).token_version is None  # a sampler without partial rollouts
+    with pytest.raises(ValueError, match="one version per token"):
+        assemble_rollout(prompts, 2, *rows, versions=[[3], [3]])
+
+
 def test_cut_at_stop_cuts_before_the_earliest_stop_string():
     assert cut_at_stop("x = 4\n\n#### 4", ["####", "\n\n"]) == ("x = 4", True)
     assert cut_at_stop("no stop here", ["####"]) == ("no stop here", False)

@@ -98,6 +98,21 @@ class ScriptedSampler:
         self.synced += 1
 
 
+class LabellingSampler(ScriptedSampler):
+    """A partial rollouts' inner sampler: each action's tokens carry the policy version it holds, which
+    a push between turns raises (here: every `complete` call is one push later)."""
+
+    version = 3
+
+    def complete(self, contexts, seeds, settings, greedy=False):
+        actions = super().complete(contexts, seeds, settings, greedy)
+        self.version += 1
+        return [dataclasses.replace(a, versions=[self.version - 1] * len(a.token_ids)) for a in actions]
+
+    def set_policy_version(self, version):
+        self.version = version
+
+
 class CharTokenizer:
     """Token i <-> character chr(i); ids 1 and 2 are special tokens (2: EOS and pad)."""
 
@@ -152,6 +167,16 @@ def test_actions_and_observations_share_one_response_block_with_observations_out
         "num_turns": 2, "tool_calls": 1, "tool_errors": 0, "tool_timeouts": 0, "observation_tokens": 2,
         "end": "env_done", "extra_logs": {"hits": 1.0}}
     assert out.ground_truth == ["g0", "g1"] and episodes.closed
+
+
+def test_with_partial_rollouts_each_action_keeps_its_versions_and_observations_carry_none():
+    inner = LabellingSampler()
+    sampler, _ = multi_turn(answer_then_finish, inner=inner)
+    out = sampler.generate(two_prompts(), 1, seed=0)
+    assert out.token_version.tolist() == [[3, 3, 3, 0, 0, 4, 4, 4]] * 2  # the second turn after a push
+    sampler.set_policy_version(9)  # the label reaches the inner engine
+    assert inner.version == 9
+    assert multi_turn(answer_then_finish)[0].generate(two_prompts(), 1, seed=0).token_version is None
 
 
 def test_each_turn_continues_the_whole_episode_and_the_environment_sees_the_text_before_the_action():

@@ -14,24 +14,28 @@ import pytest
 import torch
 
 from ppo_trainer.batch import Batch
-from ppo_trainer.core.staleness import behaviour_step, staleness_metrics
+from ppo_trainer.core.staleness import behaviour_step, staleness_metrics, token_staleness_metrics
 from ppo_trainer.data import PromptRecord
 from ppo_trainer.rollout.base import assemble_rollout
 from ppo_trainer.run.pipeline import RolloutPipeline, draw_seed, step_seed
 from ppo_trainer.workers.pending import Pending
 
 PROMPTS, N = 2, 2
+TOKENS = 5  # per sample of the scripted partial rollouts
 
 
 class ScriptedRollout:
     """A rollout group of one replica: calls queue on one thread; `generate` takes `delay_s` and
     samples token `seed % 100` with logprob -(weights version); `push` loads a version. `events` is
-    the order in which calls were submitted and began."""
+    the order in which calls were submitted and began. `partial`: a partial rollouts' engine, whose
+    `generate` samples TOKENS tokens one by one, each with the weights held then (its logprob and
+    `token_version` say which), and whose `push` loads at once, beside the generation in flight."""
 
-    def __init__(self, delay_s: float = 0.05):
+    def __init__(self, delay_s: float = 0.05, partial: bool = False):
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.weights = 0
         self.delay_s = delay_s
+        self.partial = partial
         self.events: list[str] = []
         self.lock = threading.Lock()
 
@@ -45,15 +49,25 @@ class ScriptedRollout:
 
         def generate() -> Batch:
             self.log(f"generate {seed}")
-            time.sleep(self.delay_s)
             rows = len(prompts) * n
-            return assemble_rollout(prompts, n, [[seed % 100]] * rows, [[-float(self.weights)]] * rows,
-                                    [True] * rows, ["x"] * rows, pad_id=0)
+            if not self.partial:
+                time.sleep(self.delay_s)
+                return assemble_rollout(prompts, n, [[seed % 100]] * rows, [[-float(self.weights)]] * rows,
+                                        [True] * rows, ["x"] * rows, pad_id=0)
+            versions = []
+            for _ in range(TOKENS):
+                time.sleep(self.delay_s / TOKENS)
+                versions.append(self.weights)
+            return assemble_rollout(prompts, n, [[seed % 100] * TOKENS] * rows, [[-float(v) for v in versions]] * rows,
+                                    [True] * rows, ["x"] * rows, pad_id=0, versions=[versions] * rows)
 
         return Pending(self.pool.submit(generate).result)
 
     def push(self, version: int) -> None:
-        self.pool.submit(setattr, self, "weights", version).result()  # behind the queued generations
+        if self.partial:
+            self.weights = version  # at once: the generation in flight continues with these weights
+        else:
+            self.pool.submit(setattr, self, "weights", version).result()  # behind the queued generations
 
 
 def records(step: int) -> list[PromptRecord]:
@@ -84,8 +98,9 @@ def train(pipeline: RolloutPipeline, rollout: ScriptedRollout, steps: range) -> 
     return taken
 
 
-def run(k: int, steps: int = 6, delay_s: float = 0.05) -> tuple[dict[int, Batch], ScriptedRollout]:
-    rollout = ScriptedRollout(delay_s)
+def run(k: int, steps: int = 6, delay_s: float = 0.05,
+        partial: bool = False) -> tuple[dict[int, Batch], ScriptedRollout]:
+    rollout = ScriptedRollout(delay_s, partial)
     pipeline = RolloutPipeline(rollout, loader(), pad_id=0, n=N, seed=7, max_staleness=k, last_step=steps)
     return train(pipeline, rollout, range(1, steps + 1)), rollout
 
@@ -102,6 +117,23 @@ def test_every_sample_records_the_weights_that_sampled_it_on_the_fixed_lag(k):
         assert metrics["rollout/staleness/max"] == min(step - 1, k) <= k
         assert metrics["rollout/staleness/mean"] == metrics["rollout/staleness/max"]
     assert staleness_metrics(1, taken[1].policy_version)["rollout/staleness/max"] == 0
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_partial_rollouts_record_each_tokens_weights_never_staler_than_the_lag(k):
+    """A push lands while the next generation runs (training here is shorter than a generation): the
+    tokens after it are sampled with the new weights, and say so."""
+    taken, _ = run(k, steps=6, partial=True)
+    cut = 0.0
+    for step, batch in taken.items():
+        versions = batch.token_version
+        assert torch.equal(versions.float(), -batch.sample_logprobs)  # each token: the weights that sampled it
+        assert (versions >= batch.policy_version[:, None]).all()  # from the weights the sample started with on
+        assert batch.policy_version.tolist() == [behaviour_step(step, k)] * (PROMPTS * N)
+        metrics = token_staleness_metrics(step, versions, batch.response_mask)
+        assert metrics["rollout/staleness/max"] <= min(step - 1, k)
+        cut = max(cut, metrics["rollout/staleness/cut_share"])
+    assert cut == 1.0, "no step's samples were cut by a push"
 
 
 def test_lag_0_is_lock_step_and_lag_1_generates_the_next_batch_before_training():
@@ -138,6 +170,22 @@ def test_the_saved_rollouts_resume_to_the_uninterrupted_run():
         for name in ("input_ids", "sample_logprobs", "policy_version", "response_mask"):
             assert torch.equal(getattr(got[step], name), getattr(expected[step], name)), (step, name)
         assert got[step].extra_info == expected[step].extra_info
+
+
+def test_a_partial_rollout_saved_in_flight_resumes_with_its_tokens_versions():
+    rollout = ScriptedRollout(partial=True)
+    first = RolloutPipeline(rollout, loader(), pad_id=0, n=N, seed=7, max_staleness=1, last_step=6)
+    train(first, rollout, range(1, 4))
+    buffer = io.BytesIO()
+    torch.save(first.state(), buffer)  # step 4's rollout: started with step 2's weights, cut by step 3's push
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    second = RolloutPipeline(ScriptedRollout(partial=True), loader(after=4), pad_id=0, n=N, seed=7, max_staleness=1,
+                             last_step=6)
+    second.resume_at(3, saved)
+    _, batch = second.take(4)
+    assert torch.equal(batch.token_version, saved[0]["batch"]["token_version"])
+    assert set(batch.token_version.flatten().tolist()) <= {2, 3} and batch.policy_version.tolist() == [2] * 4
 
 
 def test_a_resume_without_saved_rollouts_samples_fresher_never_staler():

@@ -192,3 +192,21 @@ def test_a_worker_caps_the_cpu_kernel_caches_before_its_engine_is_built_unless_t
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
     roles.Worker("actor", compose([]), "cpu")
     assert seen == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(CPU_KERNEL_CACHE_CAPACITY), "LRU_CACHE_CAPACITY": "512"}
+
+
+def test_a_workers_busy_time_counts_calls_side_by_side_once_and_a_running_call_up_to_now(monkeypatch):
+    """Partial rollouts' rollout worker runs a weight push beside a generation: the idle share must
+    see one busy stretch. A generation runs from 1 to 6, a push from 2 to 3; read at 4, 10 and 12."""
+    from ppo_trainer.workers import roles
+
+    now = [0.0]
+    monkeypatch.setattr(roles.time, "perf_counter", lambda: now[0])
+    clock = roles.BusyClock()
+    read = []
+    for t, calls in ((1, +1), (2, +1), (3, -1), (4, None), (6, -1), (10, None), (12, None)):
+        now[0] = t
+        if calls is None:
+            read.append(clock.take())
+        else:
+            clock.change(calls)
+    assert read == [3.0, 2.0, 0.0]

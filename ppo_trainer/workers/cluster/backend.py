@@ -212,10 +212,21 @@ class WorkerHost:
         return self.worker.call(method, *args, **kwargs)
 
 
-def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool) -> list[Any]:
-    """One `WorkerHost` actor per rank of `role`, rank r in bundle r of the pool."""
+def call_concurrency(cfg: DictConfig, role: str) -> int:
+    """How many calls one `role` worker runs at once: 1, Ray's default (calls run one at a time, in the
+    order they arrive, which the lag schedule relies on: run.pipeline), except partial rollouts' rollout
+    workers, which take a weight push beside the generations in flight (at most sampler.max_staleness)."""
+    s = cfg.sampler
+    return s.max_staleness + 1 if role == "rollout" and s.partial_rollouts else 1
+
+
+def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: PlacementPool,
+                concurrency: int = 1) -> list[Any]:
+    """One `WorkerHost` actor per rank of `role`, rank r in bundle r of the pool, running up to
+    `concurrency` calls at once (above 1: a threaded actor)."""
     resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords, the rest apart
-    options = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0), "resources": resources}
+    options = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0), "resources": resources,
+               "max_concurrency": concurrency}
     host = ray.remote(WorkerHost)
     return [host.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pool.pg, placement_group_bundle_index=rank)).remote(role, rank, kind)
@@ -256,7 +267,7 @@ class RayWorkers:
         self.distributed = role in DISTRIBUTED_ROLES
         self.pool: Optional[PlacementPool] = pool.acquire()
         self.failure: Optional[str] = None
-        self.hosts = spawn_hosts(role, kind, placement, pool)
+        self.hosts = spawn_hosts(role, kind, placement, pool, call_concurrency(cfg, role))
         self.starting: list[Any] = []
         self.grouped = False  # the ranks joined a process group (`join`): a timeout may be a collective's
 

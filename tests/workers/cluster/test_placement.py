@@ -23,17 +23,25 @@ def live_placement_groups() -> int:
 
 
 @contextmanager
-def placed_hosts(cfg, kind) -> Iterator[dict[str, list[dict]]]:
-    """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's `node_info`."""
-    from ppo_trainer.workers.cluster.backend import PlacementPool, fit_on_cluster, spawn_hosts, start_ray
+def placed_hosts(cfg, kind, handles: bool = False) -> Iterator[dict[str, list]]:
+    """Placement groups and bare `WorkerHost` actors of `cfg`'s plan; yields each role's `node_info`, or
+    with `handles` its actors."""
+    from ppo_trainer.workers.cluster.backend import (
+        PlacementPool,
+        call_concurrency,
+        fit_on_cluster,
+        spawn_hosts,
+        start_ray,
+    )
 
     start_ray(cfg, kind)
     placement = plan_placement(cfg)
     node_ids = fit_on_cluster(placement, kind, cfg.devices.ray.address)
     pools = {p.name: PlacementPool(p, kind, node_ids) for p in placement.pools}
-    hosts = {r: spawn_hosts(r, kind, placement.roles[r], pools[placement.roles[r].pool]) for r in placement.roles}
+    hosts = {r: spawn_hosts(r, kind, placement.roles[r], pools[placement.roles[r].pool], call_concurrency(cfg, r))
+             for r in placement.roles}
     try:
-        yield {r: node_info(hs) for r, hs in hosts.items()}
+        yield hosts if handles else {r: node_info(hs) for r, hs in hosts.items()}
     finally:
         for hs in hosts.values():
             for h in hs:
@@ -101,3 +109,34 @@ def test_more_devices_than_the_cluster_has_fails_fast_naming_role_and_numbers(ra
     assert message.startswith("devices.critic.num_devices=8 GPUs do not fit: the cluster has 4 GPUs free, "
                               "of which devices.actor.num_devices=2 take 2")
     assert live_placement_groups() == before, "nothing may be created for a request that does not fit"
+
+
+def seconds_for_two_calls(host) -> float:
+    """Wall seconds for two 1 s calls submitted together to one `WorkerHost` actor (once it is up)."""
+    def pause(_host, seconds: float) -> None:  # nested: cloudpickle ships it by value into the actor
+        import time
+
+        time.sleep(seconds)
+
+    ray.get(host.__ray_call__.remote(pause, 0.0))  # the process started and imported
+    start = time.monotonic()
+    ray.get([host.__ray_call__.remote(pause, 1.0) for _ in range(2)])
+    return time.monotonic() - start
+
+
+def test_with_partial_rollouts_the_rollout_worker_takes_a_call_beside_a_running_one_and_no_other_role_does(
+        ray_cluster):
+    """The weight push must reach a rollout worker while its generation runs (a threaded Ray actor);
+    every other worker runs its calls one at a time, in order."""
+    from ppo_trainer.workers.cluster.backend import call_concurrency
+
+    cfg = compose(ray_overrides(ray_cluster, actor=1, critic=1, rollout=1)
+                  + ["sampler=vllm", "sampler.max_staleness=2", "sampler.partial_rollouts=true",
+                     "algorithm.rollout_correction=tis"])
+    assert {r: call_concurrency(cfg, r) for r in ("actor", "critic", "rollout")} == {"actor": 1, "critic": 1,
+                                                                                  "rollout": 3}
+    whole = compose(ray_overrides(ray_cluster) + ["sampler.max_staleness=1", "algorithm.rollout_correction=tis"])
+    assert call_concurrency(whole, "rollout") == 1  # whole samples: in order, as the lag schedule needs
+    with placed_hosts(cfg, computing_on_cpu(detect("cuda")), handles=True) as hosts:
+        assert seconds_for_two_calls(hosts["rollout"][0]) < 1.8
+        assert seconds_for_two_calls(hosts["actor"][0]) >= 2.0
