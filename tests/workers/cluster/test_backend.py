@@ -158,6 +158,8 @@ def test_one_update_through_ray_gives_the_local_backends_weights(ray_groups, loc
         local_stats = local_groups[role].run_all(update, batch)[0]
         assert remote_stats[0].keys() == local_stats.keys()
         for key, value in local_stats.items():
+            if key.endswith("/padding_share"):  # each rank pads its own micro-batches: 2 ranks pad differently
+                continue
             assert remote_stats[0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     remote_weights = ray_groups["actor"].run_all(ActorEngine.full_state_dict)
     assert remote_weights[1] == {}  # gathered on rank 0 only
