@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from ppo_trainer.config.paths import absolute_paths
 from ppo_trainer.config.rm_schema import RM_CONFIG_NAME, validate_rm
 from ppo_trainer.config.schema import CONFIG_DIR, ConfigError
 from ppo_trainer.console import console_stream, engine_output_to_file, shown_path
@@ -114,7 +115,12 @@ def load_resume(cfg: DictConfig, output_dir: Path) -> Optional[tuple[Path, dict[
         raise checkpoint.CheckpointError(f"corrupt resume state in {folder}: {str(e).splitlines()[0]}; resume from "
                                          "another checkpoint with trainer.resume=PATH, or start over with "
                                          "trainer.resume=never") from None
-    resume.check_config(folder, checkpoint.saved_config(folder), state, run_folder.resolved_config(cfg), REFUSED)
+    try:  # as saved: checkpoint.saved_config would add ppo-train's keys added since older runs
+        saved = OmegaConf.load(folder / "state" / "config.yaml")
+    except Exception as e:  # noqa: BLE001  (OmegaConf raises yaml's and its own errors)
+        raise checkpoint.CheckpointError(f"corrupt resume state in {folder}: its config.yaml cannot be read "
+                                         f"({type(e).__name__}); start over with trainer.resume=never") from None
+    resume.check_config(folder, saved, state, run_folder.resolved_config(cfg), REFUSED)
     return folder, state, rng
 
 
@@ -150,6 +156,7 @@ def summary(output_dir: Path, steps: tuple[int, int, int], seconds: float, objec
 def run_rm(cfg: DictConfig, command: Sequence[str] = ()) -> Optional[float]:
     """Train the reward model of `cfg` (from `compose_rm`); returns the last held-out accuracy."""
     output_dir = run_folder.absolute_output_dir(cfg)
+    absolute_paths(cfg)  # config.yaml and the checkpoints name the data files wherever the run is read from
     with run_folder.exclusive(output_dir), engine_output_to_file(output_dir / "engine.log", cfg.trainer.verbose):
         return _run(cfg, output_dir, command)
 
@@ -176,8 +183,9 @@ def _run(cfg: DictConfig, output_dir: Path, command: Sequence[str]) -> Optional[
     run_folder.write_config(output_dir, cfg, command)
 
     from ppo_trainer.rm.engine import PairEngine
+    from ppo_trainer.workers.accelerators import detect
 
-    engine = PairEngine(cfg, model_dir, tokenizer.pad_token_id, "cuda" if cfg.devices.accelerator == "cuda" else "cpu")
+    engine = PairEngine(cfg, model_dir, tokenizer.pad_token_id, detect(cfg.devices.accelerator).torch_device_type)
     loader = PromptLoader(train, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
     step, best = 0, None
     if resumed is not None:
