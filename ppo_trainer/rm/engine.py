@@ -94,6 +94,7 @@ class PairEngine(FSDPEngine):
         m = cfg.model
         self.pad_id, self.budget = pad_id, cfg.trainer.micro_batch_tokens
         self.classifier = load_classifier(model_dir, m, pad_id, cfg.trainer.seed)
+        self.architecture = type(self.classifier).__name__  # before FSDP2 swaps in its FSDP<Name> subclass
         module: nn.Module = self.classifier
         if m.lora.rank > 0:
             # a frozen base in the compute dtype (as the LoRA critic's); adapters and score head in float32
@@ -156,6 +157,6 @@ class PairEngine(FSDPEngine):
         head = {k: v.float() for k, v in state.items() if k.startswith("score.")}
         body = {k: v for k, v in state.items() if not k.startswith("score.")}
         save_hf_weights(folder, self.classifier.config, body, compute_dtype(self.dtype), keep_dtype=head,
-                        architectures=[type(self.classifier).__name__], num_labels=1, pad_token_id=self.pad_id)
+                        architectures=[self.architecture], num_labels=1, pad_token_id=self.pad_id)
         tokenizer.save_pretrained(folder)
         write_score_stats(folder, score_stats)
