@@ -4,8 +4,8 @@
     ppo-train-rm +rm_experiment=arithmetic                             # the reward model from them
 
 Each row: the prompt as ppo-train +experiment=rlhf_cpu shows it to the reward model (its system and
-user turns: the gsm8k_cpu recipe's instruction), a correct answer in the "#### N" format as chosen,
-and as rejected a wrong number in that format or the right number without it. The rule reward
+user turns: the gsm8k_cpu recipe's instruction), the generator's worked answer ("3 + 4 = 7\n#### 7")
+as chosen, and as rejected the same work ending in a wrong number, or without its "#### N" line. The rule reward
 (`ppo_trainer.rewards.math.score`, strict, format_score 0.1) scores chosen 1 and rejected 0.1 or 0;
 every pair is checked to be ordered by it. Validation pairs come from the generator's held-out
 problems (data_source `wrong_number` or `no_format` says which kind of rejection). Offline, seconds.
@@ -23,23 +23,21 @@ from ppo_trainer.data.arithmetic import generate_problems
 from ppo_trainer.rewards.math import score
 
 INSTRUCTION = 'Show the calculation, then write "####" and the final number.'  # configs/experiment/gsm8k_cpu.yaml
-OPENINGS = ("The answer is {n}.", "So the result is {n}.", "Working it out gives {n}.", "{n}")
 
 
-def pair(question: str, answer: str, rng: random.Random) -> dict:
-    """One row: the right answer with "#### N" chosen; rejected a wrong number with the marker, or the
-    right one without it (each with the same wording, so that only correctness and format differ)."""
-    opening = rng.choice(OPENINGS)
-    chosen = f"{opening.format(n=answer)}\n#### {answer}"
+def pair(question: str, worked: str, rng: random.Random) -> dict:
+    """One row: the generator's worked answer ("3 + 4 = 7\n#### 7") chosen; rejected the same work
+    ending in a wrong final number, or without its "#### N" line (only correctness or format differ)."""
+    work, _, number = worked.rpartition("####")
     if rng.random() < 0.5:
-        wrong = str(int(answer) + rng.choice([-3, -2, -1, 1, 2, 3]))
-        rejected, kind = f"{opening.format(n=wrong)}\n#### {wrong}", "wrong_number"
+        wrong = str(int(number) + rng.choice([-3, -2, -1, 1, 2, 3]))
+        rejected, kind = f"{work}#### {wrong}", "wrong_number"
     else:
-        rejected, kind = opening.format(n=answer), "no_format"
-    if not score(chosen, answer, format_score=0.1) > score(rejected, answer, format_score=0.1):
-        raise AssertionError(f"the rule does not prefer {chosen!r} over {rejected!r} for {question!r}")
+        rejected, kind = work.rstrip(), "no_format"
+    if not score(worked, worked, format_score=0.1) > score(rejected, worked, format_score=0.1):
+        raise AssertionError(f"the rule does not prefer {worked!r} over {rejected!r} for {question!r}")
     prompt = [{"role": "system", "content": ""}, {"role": "user", "content": f"{question} {INSTRUCTION}"}]
-    return {"prompt": prompt, "chosen": chosen, "rejected": rejected, "data_source": kind}
+    return {"prompt": prompt, "chosen": worked, "rejected": rejected, "data_source": kind}
 
 
 def main() -> None:
