@@ -312,6 +312,32 @@ def eval_main(argv: Optional[list[str]] = None) -> None:
         _exit("ppo-eval: input error", e, 2)
 
 
+def rm_main(argv: Optional[list[str]] = None) -> None:
+    """Entry point of `ppo-train-rm` (ppo_trainer/rm/, configs/rm.yaml): a reward model from preference pairs."""
+    _quiet_third_party_logs()
+    parser = argparse.ArgumentParser(
+        prog="ppo-train-rm", description="Train a reward model (a one-label sequence classifier) on preference pairs "
+                                         "with the Bradley-Terry loss; docs/reward-models.md.",
+        epilog="e.g. ppo-train-rm model=tiny data.train_files=[pairs.jsonl] data.val_files=[val.jsonl] "
+               "trainer.total_steps=4 trainer.output_dir=runs/rm")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (configs/rm.yaml)")
+    overrides = parser.parse_args(argv).overrides
+    from ppo_trainer.rm.train import compose_rm, run_rm
+
+    try:
+        cfg = compose_rm(overrides)
+        unusable = output_dir_problem(cfg.trainer.output_dir)
+        if unusable:
+            raise ConfigError(unusable)
+        run_rm(cfg, ["ppo-train-rm", *(mask_argument(arg) for arg in overrides)])
+    except ConfigError as e:
+        _exit("ppo-train-rm: config error", e, 2)
+    except (FileNotFoundError, InputError) as e:
+        _exit("ppo-train-rm: input error", e, 2)
+    except RunError as e:
+        _exit("ppo-train-rm: stopped", e, e.exit_code)
+
+
 # --- ppo-eval
 
 

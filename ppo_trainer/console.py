@@ -84,7 +84,8 @@ class ConsoleProgress:
     """The console logger: a progress bar with a line per step (`CONSOLE_COLUMNS`) and, where
     validation reports several sources or samples, a second line (`validation_line`)."""
 
-    def __init__(self, total_steps: int, start_step: int):
+    def __init__(self, total_steps: int, start_step: int, columns: Sequence[tuple[str, str, str]] = CONSOLE_COLUMNS,
+                 title: str = "PPO"):
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -95,16 +96,16 @@ class ConsoleProgress:
             TimeRemainingColumn,
         )
 
-        self.total_steps = total_steps
+        self.total_steps, self.columns = total_steps, columns
         # redirect_*=False: what the engines print goes to engine.log, not through the bar's console
-        self.progress = Progress(TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        self.progress = Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=console_stream()),
                                  redirect_stdout=False, redirect_stderr=False)
         self.task = self.progress.add_task("steps", total=total_steps, completed=start_step)
         self.progress.start()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        columns = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in CONSOLE_COLUMNS
+        columns = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in self.columns
                    if metrics.get(key) is not None]
         self.progress.console.print("  ".join([f"step {step}/{self.total_steps}", *columns]), soft_wrap=True)
         if (line := validation_line(metrics)) is not None:

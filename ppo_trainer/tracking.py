@@ -9,12 +9,11 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ppo_trainer.config.secrets import mask_secrets
 from ppo_trainer.console import CONSOLE_COLUMNS, ConsoleProgress
 
-PLOTTED = [key for key, _, _ in CONSOLE_COLUMNS if key != "timing_s/step"]  # plots.png: the console's columns
 _SOURCE_ACCURACY = re.compile(r"^val/(.+)/accuracy$")  # val/<data_source>/accuracy (the name may hold slashes)
 
 
@@ -30,15 +29,19 @@ class Tracker:
     """Fans one step's metrics out to the configured sinks."""
 
     def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, start_step: int,
-                 config: dict[str, Any], run_name: str):
+                 config: dict[str, Any], run_name: str, columns: Sequence[tuple[str, str, str]] = CONSOLE_COLUMNS,
+                 title: str = "PPO"):
+        """`columns`: the console line's (metric, label, format), whose metrics plots.png draws; `title`
+        the progress bar's (ppo-train-rm passes its own)."""
         self.output_dir = output_dir
+        self.plotted = [key for key, _, _ in columns if key != "timing_s/step"]
         self.metrics_path = output_dir / "metrics.jsonl"
         self.samples_path = output_dir / "samples.jsonl"
         truncate_jsonl(self.metrics_path, start_step)
         truncate_jsonl(self.samples_path, start_step)
         self._sinks: list[tuple[Callable[[int, dict[str, float]], None], Callable[[], None]]] = []  # (log, close)
         if "console" in loggers:
-            progress = ConsoleProgress(total_steps, start_step)
+            progress = ConsoleProgress(total_steps, start_step, columns, title)
             self._sinks.append((progress.log, progress.close))
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
@@ -77,11 +80,11 @@ class Tracker:
         records = read_jsonl(self.metrics_path)
         if records:  # plots.png: the headline metrics against step, validation accuracy per data_source too
             sources = source_accuracy_keys(records)
-            panels = [(key, [(None, metric_series(records, key))]) for key in PLOTTED]
-            if len(sources) > 1:
+            panels = [(key, [(None, metric_series(records, key))]) for key in self.plotted]
+            if len(sources) > 1 and "val/accuracy" in self.plotted:
                 curves = [("all", metric_series(records, "val/accuracy")),
                           *((name, metric_series(records, key)) for name, key in sources.items())]
-                panels[PLOTTED.index("val/accuracy")] = ("val/accuracy", curves)
+                panels[self.plotted.index("val/accuracy")] = ("val/accuracy", curves)
             plot(self.output_dir / "plots.png", panels, cols=3, size=(4, 3))
 
 

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ppo_trainer"
 # Top to bottom. An entry is a module or a package (with everything in it), relative to ppo_trainer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("cli", "serve_reward", "sweep_report")),
-    ("driver", ("trainer", "evaluate", "plan", "run.trainer_state", "run.pipeline", "run.filtering")),
+    ("driver", ("trainer", "evaluate", "plan", "run.trainer_state", "run.pipeline", "run.filtering", "rm")),
     ("workers", ("workers",)),
     ("engines, samplers, agents, rewards, data", ("engine", "rollout", "agents", "rewards", "data")),
     ("models", ("models",)),

@@ -35,6 +35,14 @@ MULTI_TURN = (
 PATTERNS = (re.compile(r"val/.+/(accuracy|score/mean)"), re.compile(r"val/(.+/)?accuracy/(mean|pass)@\d+"),
             re.compile(r"reward/([^/]+|remote/[^/]+)/mean"), re.compile(r"multi_turn/(end|env)/[^/]+"))
 
+# ppo-train-rm's (every run logs them all; per data_source where the held-out pairs have several).
+RM_METRICS = (
+    "train/loss", "train/pairwise_accuracy", "train/margin/mean", "train/grad_norm", "train/lr", "train/skipped_steps",
+    "timing_s/step", "val/pairwise_accuracy", "val/margin/mean", "val/loss", "val/chosen_score/mean",
+    "val/rejected_score/mean", "val/score/std",
+)
+RM_PATTERNS = (re.compile(r"val/.+/(pairwise_accuracy|margin/mean)"),)
+
 
 def produced(cfg: Any, uses_reference: bool) -> set[str]:
     """Every fixed metric name a run of `cfg` logs at some step (`uses_reference`: the config's

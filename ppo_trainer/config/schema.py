@@ -551,6 +551,10 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
+RM_EXPERIMENT_GROUP = "rm_experiment"  # ppo-train-rm's experiments (config/rm_schema.py), not ppo-train's
+
+
 def config_groups() -> list[str]:
-    """The config groups (folders of configs/): the schema's sections, experiment and sweep."""
-    return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    """ppo-train's config groups (folders of configs/): the schema's sections, experiment and sweep."""
+    return sorted(p.name for p in CONFIG_DIR.iterdir()
+                  if p.is_dir() and not p.name.startswith("_") and p.name != RM_EXPERIMENT_GROUP)

@@ -30,6 +30,22 @@ def token_budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def conversation_ids(tokenizer: Any, messages: Messages, response: str) -> list[int]:
+    """A reward model's tokens of the conversation `messages` ending in the assistant's `response`:
+    its chat template's rendering, or without one the pair (last user turn, response). ppo-train-rm
+    trains on exactly these tokens, so that a trained model scores in PPO as it scored in training."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    return tokenizer(question, response)["input_ids"]
+
+
+def plain_ids(tokenizer: Any, text: str) -> list[int]:
+    """A reward model's tokens of a conversation someone else rendered (HH-RLHF's text), as it is."""
+    return tokenizer(text)["input_ids"]
+
+
 class RewardModelEngine:
     """The reward model on `device` in `dtype` ("auto": bfloat16 where the device computes it natively),
     `token_budget` tokens per forward. A tokenizer without a chat template scores the pair (last
@@ -61,14 +77,7 @@ class RewardModelEngine:
     def token_ids(self, messages: Messages, response: str) -> list[int]:
         """The reward model's tokens of the conversation ending in `response`; the first tokens are
         cut when it exceeds the model's length (the response's end is what it judges)."""
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}],
-                                                      tokenize=False)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        else:
-            question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-            ids = self.tokenizer(question, response)["input_ids"]
-        return self._fit(ids)
+        return self._fit(conversation_ids(self.tokenizer, messages, response))
 
     def _fit(self, ids: list[int]) -> list[int]:
         if self.max_length is not None and len(ids) > self.max_length:
@@ -85,7 +94,7 @@ class RewardModelEngine:
 
     def score_plain(self, texts: Sequence[str]) -> torch.Tensor:
         """[B] float32 scores of B texts taken as they are (a conversation someone else rendered)."""
-        return self._score([self._fit(self.tokenizer(text)["input_ids"]) for text in texts])
+        return self._score([self._fit(plain_ids(self.tokenizer, text)) for text in texts])
 
     @torch.no_grad()
     def _score(self, rows: list[list[int]]) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from omegaconf import OmegaConf
 
 from ppo_trainer.config.schema import ConfigError, RewardConfig
 from ppo_trainer.config.secrets import redact_url
+from ppo_trainer.models.score_stats import SCORE_STATS, read_score_stats
 from ppo_trainer.rewards.calling import (
     Calling,
     Failure,
@@ -35,6 +37,8 @@ from ppo_trainer.rewards.loader import given_options, resolve, start_workers
 from ppo_trainer.rewards.pool import WorkerPool
 from ppo_trainer.rewards.remote import RemoteRewardClient, bearer_token
 from ppo_trainer.run.resume import nonfinite_statistics
+
+log = logging.getLogger("ppo_trainer")
 
 
 @dataclass
@@ -187,9 +191,14 @@ class RunningNorm:
     scale every later score is read on. The statistics are part of the checkpoint (`state_dict`), so
     a resumed run normalises as the uninterrupted one."""
 
-    def __init__(self, normalize: bool, clip: Optional[float]):
+    def __init__(self, normalize: bool, clip: Optional[float], start: Optional[Mapping[str, float]] = None):
+        """`start`: {"mean", "std", "count"} the statistics begin with (a reward model's score_stats.json)
+        as if it had seen `count` scores of that mean and std; None: from nothing."""
         self.normalize, self.clip = normalize, clip
         self.count, self.mean, self.m2 = 0, 0.0, 0.0  # Welford's running sums
+        if start is not None:
+            self.count, self.mean = int(start["count"]), float(start["mean"])
+            self.m2 = float(start["std"]) ** 2 * self.count
 
     def __call__(self, values: Sequence[float], failed: Sequence[int] = ()) -> list[float]:
         out = list(values)
@@ -422,7 +431,7 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
     parts = []
     if r.model.path:
         parts.append(Part("model", RewardModelScorer(reward_model, r.on_error, r.model.path), r.model.coef,
-                          RunningNorm(r.model.normalize, r.model.clip)))
+                          RunningNorm(r.model.normalize, r.model.clip, normalization_start(r.model))))
     if r.remote.url:
         client = RemoteRewardClient(r.remote.url, token=bearer_token(r.remote.token), batch_size=r.remote.batch_size,
                                     concurrency=r.remote.concurrency, timeout_s=r.remote.timeout_s,
@@ -430,6 +439,25 @@ def build_training_scorer(cfg: Any, function: Optional[Scorer], reward_model: An
         parts.append(Part("remote", RemoteScorer(client, r.on_error), r.remote.coef,
                           RunningNorm(r.remote.normalize, r.remote.clip)))
     return CombinedScorer(function, parts, reward_fingerprint(cfg))
+
+
+def normalization_start(model: Any) -> Optional[dict[str, float]]:
+    """The statistics a normalised reward model's running normalisation starts from: the mean, std and
+    count of its scores on its training pairs, where its folder (reward.model.path) holds the
+    score_stats.json that ppo-train-rm writes; None otherwise (it starts from the first batch). A
+    resume whose reward model is unchanged continues the checkpoint's statistics instead; a changed
+    one starts from the new model's (run/resume.py REWARD_RESETS)."""
+    folder = Path(model.path).expanduser()
+    if not model.normalize or not folder.is_dir():
+        return None
+    try:
+        stats = read_score_stats(folder)
+    except ValueError as e:
+        raise RewardError(f"reward.model.path: {e}") from None
+    if stats is not None:
+        log.info("reward model: its score normalisation starts from %s (mean %.4g, std %.4g over %d scores)",
+                 folder / SCORE_STATS, stats["mean"], stats["std"], stats["count"])
+    return stats
 
 
 def function_scorers(cfg: Any) -> tuple[Optional[Scorer], Optional[Scorer]]:

@@ -74,14 +74,16 @@ def _show(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def check_config(checkpoint: Path, saved: DictConfig, state: dict[str, Any], cfg: DictConfig) -> list[Change]:
+def check_config(checkpoint: Path, saved: DictConfig, state: dict[str, Any], cfg: DictConfig,
+                 refused_keys: Sequence[str] = REFUSED) -> list[Change]:
     """The changes since the checkpoint (`saved`: the config it was trained with), each printed as
     `resume: changed since step N: KEY OLD -> NEW`. ConfigError (one line, before any model loads)
-    listing the refused ones not in trainer.resume_allow."""
+    listing the refused ones (`refused_keys`: ppo-train's `REFUSED`, or ppo-train-rm's) not in
+    trainer.resume_allow."""
     step = int(state["step"])
     changes = config_changes(saved, cfg)
     allowed = list(cfg.trainer.resume_allow)
-    refused = [c for c in changes if any(_covers(r, c[0]) for r in REFUSED)
+    refused = [c for c in changes if any(_covers(r, c[0]) for r in refused_keys)
                and not any(_covers(a, c[0]) for a in allowed)]
     if refused:
         listed = "; ".join(f"{key} {_show(old)} -> {_show(new)}" for key, old, new in refused)
