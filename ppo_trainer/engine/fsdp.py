@@ -38,7 +38,8 @@ def shard_model(module: nn.Module, layers: Sequence[nn.Module], device: torch.de
     mesh = device_mesh(device)
     offload = CPUOffloadPolicy(pin_memory=device.type != "cpu") if cpu_offload else None
     mixed = MixedPrecisionPolicy(param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32)
-    full = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+    # float32 parameters and inputs: a head inside a model's own forward (a classifier's score) gets bf16 states
+    full = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     kwargs = {"mesh": mesh} if offload is None else {"mesh": mesh, "offload_policy": offload}
     for layer in layers:
         fully_shard(layer, mp_policy=mixed, **kwargs)

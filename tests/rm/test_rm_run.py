@@ -4,6 +4,8 @@ merged export, and bad input stopping with exit 2 before any model loads."""
 
 from __future__ import annotations
 
+import math
+
 import json
 import re
 from pathlib import Path
@@ -132,6 +134,15 @@ def test_a_lora_model_exports_merged_and_scores_as_in_training(pairs, tmp_path):
     chosen, _, _ = loaded_scores(folder, val)
     assert chosen.mean().item() == pytest.approx(read_jsonl(tmp_path / "metrics.jsonl")[-1]["val/chosen_score/mean"],
                                                  abs=1e-5)
+
+
+@pytest.mark.parametrize("lora", [[], ["model.lora.rank=4", "model.lora.alpha=8"]], ids=["full", "lora"])
+def test_bfloat16_compute_feeds_the_float32_score_head(pairs, tmp_path, lora):
+    """The score head runs inside transformers' forward on the backbone's bf16 states: FSDP casts them."""
+    train, val = pairs
+    rm_main(command(train, val, tmp_path, "model.dtype=bfloat16", "trainer.total_steps=1", *lora))
+    losses = [r["train/loss"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert len(losses) == 1 and math.isfinite(losses[0])
 
 
 @pytest.mark.parametrize("change, message", [
