@@ -399,7 +399,7 @@ class Trainer:
         """Tokens per second per device; each role's peak memory this step from its workers
         (`Worker.peak_memory_gb`: the accelerator allocator's, else the process's resident set) and the
         share of the time since the last step's end its workers spent outside any call (mean over replicas)."""
-        devices = device_count(self.groups, self.cfg.devices.colocate)
+        devices = device_count(self.groups, self.cfg.devices.colocate, self.cfg.sampler.vllm.tensor_parallel_size)
         tokens = batch.attention_mask.sum().item()
         peaks = {role: max(group.run_all(Worker.peak_memory_gb, reset=True)) for role, group in self.groups.items()}
         elapsed, self.perf_clock = time.perf_counter() - self.perf_clock, time.perf_counter()

@@ -60,7 +60,13 @@ STATIC_CASES = [
     (["trainer.experiment_name=a/b"], "trainer.experiment_name"),
     (["reward.format_score=1.0"], "reward.format_score"),
     (["trainer.collective_timeout_s=0"], "trainer.collective_timeout_s"),
-    (["sampler.vllm.tensor_parallel_size=2"], "sampler.vllm.tensor_parallel_size"),
+    (["sampler.vllm.tensor_parallel_size=2"], "'sampler.vllm.tensor_parallel_size' is 2 with sampler=hf"),
+    (["sampler.vllm.tensor_parallel_size=4", "sampler=vllm"],
+     "'sampler.vllm.tensor_parallel_size' is 4 with devices.backend=local"),
+    (["sampler.vllm.tensor_parallel_size=8", "sampler=vllm", "devices.backend=ray", "devices.colocate=true"],
+     "'sampler.vllm.tensor_parallel_size' is 8 with devices.colocate=true"),
+    (["sampler.vllm.tensor_parallel_size=16", "sampler=vllm", "devices=multi_gpu", "devices.rollout.num_devices=16"],
+     "'sampler.vllm.tensor_parallel_size' (16) exceeds devices.devices_per_node (8)"),
 ]
 
 
@@ -253,14 +259,22 @@ def test_expandable_segments_with_a_sleeping_vllm(ppo_train_error, monkeypatch):
 
 
 @pytest.mark.parametrize("dry_run", ["true", "false"])
-def test_vllm_tensor_parallelism_is_refused_with_its_reason_in_a_dry_run_and_a_real_run(ppo_train_error, dry_run):
-    """Once the dry run accepted it and the Ray backend then failed with a traceback (issue 42)."""
+def test_rollout_devices_not_a_multiple_of_the_tensor_parallel_size_stop_a_dry_run_and_a_real_run(ppo_train_error,
+                                                                                                 dry_run):
+    """Both keys named; the dry run refuses it too (once it accepted what the Ray backend then failed on, issue 42)."""
     line = ppo_train_error("sampler=vllm", "devices=multi_gpu", "sampler.vllm.tensor_parallel_size=2",
-                   f"trainer.dry_run={dry_run}")
-    assert line == ("ppo-train: config error: 'sampler.vllm.tensor_parallel_size' is 2, but a rollout engine spanning "
-                    "several devices (tensor parallelism) is not built: each rollout replica is one vLLM engine on one "
-                    "device. Use 1 with a model whose weights and KV cache fit one device, and "
-                    "devices.rollout.num_devices replicas for throughput")
+                           "devices.rollout.num_devices=3", f"trainer.dry_run={dry_run}")
+    assert line == ("ppo-train: config error: 'devices.rollout.num_devices' (3) must be a multiple of "
+                    "sampler.vllm.tensor_parallel_size (2): each rollout replica is one vLLM engine on 2 devices")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM's absence is reported first")
+def test_a_tensor_parallel_size_that_does_not_split_the_models_heads_stops_before_any_model_loads(ppo_train_error):
+    """The smoke model (random:tiny) has 2 attention heads and 2 key-value heads: 4 ranks cannot share them."""
+    line = ppo_train_error("sampler=vllm", "devices.backend=ray", "devices.accelerator=cpu", "devices.colocate=false",
+                           "devices.rollout.num_devices=4", "sampler.vllm.tensor_parallel_size=4")
+    assert line == ("ppo-train: config error: sampler.vllm.tensor_parallel_size=4 does not split model.path's 2 "
+                    "attention heads and 2 key-value heads evenly over a replica's 4 ranks; the sizes that do: 1, 2")
 
 
 def test_a_launcher_that_starts_one_copy_per_rank(ppo_train_error, monkeypatch):

@@ -134,11 +134,10 @@ class CriticConfig:  # the value model: a backbone (full-parameter, or LoRA: cri
 
 @dataclass
 class VllmConfig:  # the vLLM engine (sampler=vllm only)
-    # tensor parallelism: each rollout replica is one vLLM engine on one device
-    tensor_parallel_size: int = field(default=1, metadata=choice(1, why=(
-        "a rollout engine spanning several devices (tensor parallelism) is not built: each rollout replica is one "
-        "vLLM engine on one device. Use 1 with a model whose weights and KV cache fit one device, and "
-        "devices.rollout.num_devices replicas for throughput")))
+    # tensor parallelism: devices per rollout replica, one vLLM engine whose k ranks (one per device, all on
+    # one node) each hold 1/k of the weights and attention heads; devices.rollout.num_devices / k replicas.
+    # devices.backend=ray, not colocated (docs/cluster.md)
+    tensor_parallel_size: int = field(default=1, metadata=at_least(1))
     # share of a GPU for vLLM's weights and KV cache; None: 0.5
     gpu_memory_utilization: Optional[float] = field(default=None, metadata=within("(0, 1]", null="for 0.5"))
     max_model_len: Optional[int] = None  # the engine's longest sequence; None: max_prompt_length + max_new_tokens

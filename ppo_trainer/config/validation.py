@@ -192,6 +192,7 @@ def validate_static(cfg: DictConfig) -> DictConfig:
     _reward_checks(cfg)
     _staleness_checks(cfg)
     _filter_checks(cfg)
+    _tensor_parallel_checks(cfg)
 
     if dev.backend == "local":
         for role in (*trained_roles(cfg), "rollout", "reward_model"):
@@ -261,6 +262,28 @@ def _staleness_checks(cfg: DictConfig) -> None:
              f"is {k} with devices.colocate=true on devices.accelerator={dev.accelerator}: on GPUs and NPUs vLLM "
              "sleeps while the trainers use the shared devices, so nothing overlaps; set devices.colocate=false "
              "(or devices.accelerator=cpu), or sampler.max_staleness=0")
+
+
+def _tensor_parallel_checks(cfg: DictConfig) -> None:
+    """sampler.vllm.tensor_parallel_size k > 1: vLLM on Ray, separate pools, num_devices / k replicas of k
+    devices, each on one node."""
+    k, dev = cfg.sampler.vllm.tensor_parallel_size, cfg.devices
+    if k == 1:
+        return
+    key = "sampler.vllm.tensor_parallel_size"
+    _require(cfg.sampler.name == "vllm", key, f"is {k} with sampler={cfg.sampler.name}: only a vLLM engine spans "
+             "several devices; set sampler=vllm, or 1")
+    _require(dev.backend == "ray", key, f"is {k} with devices.backend=local, which runs one process on one device; "
+             "set devices.backend=ray (docs/cluster.md), or 1")
+    _require(not dev.colocate, key, f"is {k} with devices.colocate=true: colocated roles share one device per rank, "
+             "and a rollout engine on several of them is not built; set devices.colocate=false (the rollout gets "
+             "devices of its own), or 1")
+    _require(dev.rollout.num_devices % k == 0, "devices.rollout.num_devices",
+             f"({dev.rollout.num_devices}) must be a multiple of {key} ({k}): each rollout replica is one vLLM "
+             f"engine on {k} devices")
+    _require(k <= dev.devices_per_node, key,
+             f"({k}) exceeds devices.devices_per_node ({dev.devices_per_node}): a rollout replica's devices are on "
+             "one node (an engine spanning nodes is not built)")
 
 
 def _filter_checks(cfg: DictConfig) -> None:

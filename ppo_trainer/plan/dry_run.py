@@ -24,7 +24,7 @@ from ppo_trainer.data.datasets import describe_split
 from ppo_trainer.dtypes import auto_dtype
 from ppo_trainer.models.loading import ModelPathError, model_path_problem, value_head_origin
 from ppo_trainer.models.packing import MASKED_ATTENTION
-from ppo_trainer.plan.memory import memory_plan
+from ppo_trainer.plan.memory import memory_plan, model_dims
 from ppo_trainer.rewards.remote import bearer_token, url_problem
 from ppo_trainer.workers.accelerators import detect, local_device_count
 from ppo_trainer.workers.cluster.nodes import ray_address_problem
@@ -212,12 +212,15 @@ def placement_lines(cfg: DictConfig) -> list[str]:
     where = f"Ray cluster at {dev.ray.address}" if dev.ray.address else "local Ray cluster (127.0.0.1)"
     sharing = "colocated (roles share devices)" if dev.colocate else "separate pools per role"
     nodes = placement.num_nodes
+    rollout = placement.roles["rollout"]
+    ranks = (f" and {rollout.world_size * rollout.devices_per_rank} vLLM rank processes"
+             if rollout.devices_per_rank > 1 else "")
     return [
         f"backend: ray ({where}), accelerator: {accelerator} (Ray resource {kind.ray_resource}, "
         f"{kind.visible_env or 'no visible-device variable'}, torch.distributed {kind.dist_backend}), {sharing}",
         *describe_placement(placement, kind),
         f"total: {kind.count(placement.num_devices)} on {nodes} node{'s' if nodes > 1 else ''} of "
-        f"{dev.devices_per_node} (devices.devices_per_node); {placement.num_workers} worker processes",
+        f"{dev.devices_per_node} (devices.devices_per_node); {placement.num_workers} worker processes{ranks}",
     ]
 
 
@@ -246,8 +249,27 @@ def environment_problems(cfg: DictConfig) -> list[str]:
     remote = cfg.reward.remote
     server = remote.url and url_problem(remote.url, bearer_token(remote.token), use_proxy=remote.use_proxy)
     others = (model_path_problem(cfg.model.path, "model.path"), critic, reward_model, device_count_problem(cfg),
-              address and ray_address_problem(address), server, launcher_problem(os.environ))
+              address and ray_address_problem(address), server, launcher_problem(os.environ),
+              tensor_parallel_problem(cfg))
     return problems + [problem for problem in others if problem]
+
+
+def tensor_parallel_problem(cfg: DictConfig) -> str | None:
+    """sampler.vllm.tensor_parallel_size against model.path's attention heads, which vLLM deals out evenly
+    over a replica's ranks (key-value heads: a share each, or each one copied to k / heads ranks); read
+    from its config.json, before any model loads. None where the dimensions are unknown (model.path's own
+    problem says why)."""
+    k = cfg.sampler.vllm.tensor_parallel_size
+    dims = model_dims(cfg.model.path)
+    if k == 1 or isinstance(dims, str):
+        return None
+    fits = [n for n in range(1, dims.heads + 1)
+            if dims.heads % n == 0 and (dims.kv_heads % n == 0 or n % dims.kv_heads == 0)]
+    if k in fits:
+        return None
+    return (f"sampler.vllm.tensor_parallel_size={k} does not split model.path's {dims.heads} attention heads and "
+            f"{dims.kv_heads} key-value heads evenly over a replica's {k} ranks; the sizes that do: "
+            f"{', '.join(map(str, fits))}")
 
 
 def launcher_problem(environ: Mapping[str, str]) -> str | None:

@@ -181,13 +181,15 @@ MEMORY_MARGIN = 0.25
 
 
 def rollout_line(cfg: Any, dims: Dims, device_bytes: Optional[float]) -> Line:
-    """One rollout replica: its weights in the compute dtype, its KV cache and runtime."""
+    """One device of a rollout replica: its weights in the compute dtype, its KV cache and runtime; with
+    tensor parallelism k, one shard: 1/k of the weights, of the attention heads' KV (a KV head whole
+    where there are fewer than k: vLLM copies them) and of the KV cache."""
     b = compute_bytes(cfg, "model")
     s, v = cfg.sampler, cfg.sampler.vllm
     tp = v.tensor_parallel_size if s.name == "vllm" else 1
     on_cpu = cfg.devices.accelerator == "cpu"
     weights = b * dims.params / tp * (2 if s.name == "vllm" and on_cpu else 1)
-    per_token = 2 * dims.layers * dims.kv_heads * dims.head_dim * b / tp
+    per_token = 2 * dims.layers * max(dims.kv_heads / tp, 1) * dims.head_dim * b
     sequence = cfg.data.max_prompt_length + max(response_budget(s), response_budget(s, cfg.eval.max_new_tokens))
     sequences = s.generate_batch_size if s.name == "hf" else cfg.data.train_batch_size * s.n
     needed = per_token * sequence * sequences
@@ -200,6 +202,9 @@ def rollout_line(cfg: Any, dims: Dims, device_bytes: Optional[float]) -> Line:
     else:
         kv = needed
     note = f"a step's {sequences} sequences of up to {sequence} tokens need {gib(needed)} GiB of KV cache"
+    if tp > 1:
+        note = (f"one of a replica's {tp} shards (sampler.vllm.tensor_parallel_size): 1/{tp} of the weights and of "
+                f"the KV heads; {note} per shard")
     if on_cpu:
         note += "; weights twice: as loaded and repacked for the CPU kernels"
     return Line("rollout", {"weights": weights, "KV cache": kv, "runtime": VLLM_RUNTIME["cpu" if on_cpu else "gpu"]},
@@ -258,7 +263,9 @@ def memory_plan(cfg: Any, uses_reference: bool) -> list[str]:
         lines.append(f"WARNING: {', '.join(over)} would need more than the device's {gib(device_bytes)} GiB: lower "
                      "algorithm.ppo_micro_batch_tokens, set model.gradient_checkpointing=true and "
                      "critic.gradient_checkpointing=true, lower sampler.vllm.kv_cache_gb, use LoRA (model.lora.rank, "
-                     "critic.lora.rank), or spread the roles over more devices (devices.*.num_devices)")
+                     "critic.lora.rank), or spread the roles over more devices (devices.*.num_devices"
+                     + (", sampler.vllm.tensor_parallel_size for the rollout's shards" if "rollout" in over else "")
+                     + ")")
     return lines
 
 

@@ -3,12 +3,13 @@ vLLM is imported only when a `VllmSampler` is built (a vLLM worker imports this 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import random
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import safetensors.torch
 import torch
@@ -46,11 +47,46 @@ class WeightSyncExtension:
 
     def ppo_load_weights(self, weights: bytes | dict[str, torch.Tensor]) -> int:
         """Reload all weights (HF names) from a state dict, or from the bytes of a safetensors file
-        when the worker runs in another process (tensors would arrive there as lists); returns their
-        count. `reload_weights` repeats the loader's post-processing (the CPU backend's repacking)."""
+        when the worker runs in another process (tensors would arrive there as lists); returns the
+        bytes this rank received. `reload_weights` repeats the loader's post-processing (the CPU
+        backend's repacking); each rank of a tensor-parallel engine gets whole tensors and its
+        weight loaders keep the rank's shard."""
         state = safetensors.torch.load(weights) if isinstance(weights, bytes) else weights
         self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
-        return len(state)
+        return len(weights) if isinstance(weights, bytes) else sum(t.numel() * t.element_size() for t in state.values())
+
+
+def executor_backend(tensor_parallel_size: int) -> str:
+    """vLLM's `distributed_executor_backend` for an engine of `tensor_parallel_size` ranks: "uni", its one
+    worker in this process (weights handed over as tensors), or "mp", one process per rank on this node
+    (weights handed over as bytes). Stated for k > 1 as well: vLLM silently turns "uni" into "mp" there."""
+    return "uni" if tensor_parallel_size == 1 else "mp"
+
+
+def cpu_thread_binding(cores: Sequence[int], ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a CPU engine of `ranks` ranks: `cores` (the CPU ids this process may
+    run on) cut into `ranks` contiguous groups, one per rank, e.g. "0,1|2,3" (fewer cores than ranks: the
+    ranks share them round-robin). vLLM's own default binds rank i to NUMA node i and refuses more ranks
+    than NUMA nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers")."""
+    n = len(cores)
+    groups = [cores[i * n // ranks : (i + 1) * n // ranks] or [cores[i % n]] for i in range(ranks)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
+
+
+@contextlib.contextmanager
+def starting_environment(cfg: SamplerConfig, on_cpu: bool, variables: dict[str, str]) -> Iterator[None]:
+    """`variables`, and on a CPU with tensor-parallel ranks their core binding (`cpu_thread_binding`), set
+    while an engine starts (it reads them then), each left to the environment where that sets it."""
+    k = cfg.vllm.tensor_parallel_size
+    if on_cpu and k > 1:
+        variables = {**variables, "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(sorted(os.sched_getaffinity(0)), k)}
+    starting = {key: value for key, value in variables.items() if key not in os.environ}
+    os.environ.update(starting)
+    try:
+        yield
+    finally:
+        for key in starting:
+            del os.environ[key]
 
 
 def engine_kwargs(model_dir: str | Path, cfg: SamplerConfig, dtype: str, seed: int, max_model_len: Optional[int],
@@ -68,7 +104,8 @@ def engine_kwargs(model_dir: str | Path, cfg: SamplerConfig, dtype: str, seed: i
         # vLLM's default, stated because multi-turn rollouts rely on it: each turn's request reuses
         # the KV of the full blocks its context shares with the previous turn's (CPU blocks: 128 tokens)
         enable_prefix_caching=True,
-        distributed_executor_backend="uni",  # one engine on one device (sampler.vllm.tensor_parallel_size=1)
+        tensor_parallel_size=v.tensor_parallel_size,
+        distributed_executor_backend=executor_backend(v.tensor_parallel_size),
     )
     if device_type == "cpu":
         # A prompt prefilled in chunks makes the CPU build rewind the request's seeded
@@ -117,7 +154,9 @@ class VllmSampler:
     """One vLLM engine on HF folder `model_dir`. `dtype` is the engine's (pushed weights are cast
     to it); `max_model_len` applies when `cfg.vllm.max_model_len` is None; `enable_sleep` is
     ignored on CPU. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
-    while building, unless set): it starts in seconds and needs no `__main__` guard."""
+    while building, unless set): it starts in seconds and needs no `__main__` guard. With
+    `cfg.vllm.tensor_parallel_size` k > 1 its k ranks are processes of their own on this node (the
+    devices this process sees; on a CPU, k groups of the cores it may run on: `cpu_thread_binding`)."""
 
     def __init__(self, model_dir: str | Path, cfg: SamplerConfig, *, dtype: str = "bfloat16", seed: int = 0,
                  max_model_len: Optional[int] = None, enable_sleep: bool = False,
@@ -138,20 +177,18 @@ class VllmSampler:
         kwargs = engine_kwargs(model_dir, cfg, dtype, seed, max_model_len, self._sleep_enabled, trust_remote_code,
                                current_platform.device_type)
 
-        set_env = "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         set_num_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op in its process
-        if set_env:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        try:
+        with starting_environment(cfg, on_cpu, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}):
             from vllm import envs
 
-            # the engine core and its one worker live in this process: weights are handed over as tensors
-            self._worker_in_process = not envs.VLLM_ENABLE_V1_MULTIPROCESSING
-            self.llm = vllm.LLM(**kwargs)
-        finally:
-            if set_env:
-                del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
-            torch.set_num_threads = set_num_threads
+            # the engine core and its one worker live in this process: weights are handed over as tensors;
+            # tensor-parallel ranks are processes of their own ("mp"): bytes
+            self._worker_in_process = (not envs.VLLM_ENABLE_V1_MULTIPROCESSING
+                                       and kwargs["distributed_executor_backend"] == "uni")
+            try:
+                self.llm = vllm.LLM(**kwargs)
+            finally:
+                torch.set_num_threads = set_num_threads
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = generation_eos_ids(model_dir, tokenizer)
@@ -170,8 +207,9 @@ class VllmSampler:
 
     def load_weight_bucket(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load some of the weights (whole layers: vLLM processes a layer once all of it arrived) into
-        the running engine. Asleep, only the weights wake: the KV cache stays released until `wake`
-        (memory for a colocated actor)."""
+        the running engine; every rank of a tensor-parallel engine receives all of them (as bytes: its
+        ranks are other processes) and keeps its shard. Asleep, only the weights wake: the KV cache
+        stays released until `wake` (memory for a colocated actor)."""
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")

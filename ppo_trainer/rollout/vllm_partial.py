@@ -46,6 +46,7 @@ from ppo_trainer.rollout.vllm import (
     generation_eos_ids,
     samples_in_order,
     sampling_params,
+    starting_environment,
 )
 
 T = TypeVar("T")
@@ -90,7 +91,8 @@ class PartialVllmSampler:
         async def start() -> Any:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs, disable_log_stats=True))
 
-        self.llm = self._wait(start())
+        with starting_environment(cfg, current_platform.is_cpu(), {}):  # tensor-parallel CPU ranks: their cores
+            self.llm = self._wait(start())
         self._wait(self.llm.update_weight_version("0"))  # the model folder's weights: policy version 0
         tokenizer = self.llm.get_tokenizer()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

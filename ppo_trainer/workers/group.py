@@ -126,11 +126,13 @@ class WorkerGroup:
         self.workers.shutdown()
 
 
-def device_count(groups: dict[str, WorkerGroup], colocate: bool) -> int:
+def device_count(groups: dict[str, WorkerGroup], colocate: bool, rollout_devices_per_replica: int = 1) -> int:
     """The devices a step's throughput is per: the actor's when the roles share them, else the
-    actor's, the critic's (where the run built one) and the rollout's."""
+    actor's, the critic's (where the run built one) and the rollout's (a tensor-parallel replica
+    holds `rollout_devices_per_replica`)."""
     roles = ("actor",) if colocate else ("actor", "critic", "rollout")
-    return sum(len(groups[role]) for role in roles if role in groups)
+    return sum(len(groups[role]) * (rollout_devices_per_replica if role == "rollout" else 1)
+               for role in roles if role in groups)
 
 
 def build_groups(cfg: DictConfig, kind: Optional[DeviceKind] = None) -> dict[str, WorkerGroup]:

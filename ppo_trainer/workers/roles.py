@@ -189,7 +189,9 @@ class Worker:
         """Stream the actor's weights (`ActorEngine.weight_buckets`, a collective of the actor's ranks)
         from rank 0 straight into the rollout workers `receivers` (`WorkerGroup.receivers`): a Worker
         of this process gets each bucket handed over, Ray workers fetch it from the object store in
-        parallel; the driver never holds a copy. Returns the bytes sent to each receiver."""
+        parallel; the driver never holds a copy. A receiver is one replica, tensor-parallel ones too: it
+        gets full layers, which each of its engine's ranks shards as it loads them. Returns the bytes
+        sent to each receiver (tensor bytes in the compute dtype; `perf/sync_bytes`)."""
         sent = 0
         for bucket in self.engine.weight_buckets(bucket_bytes):
             local = [r for r in receivers if isinstance(r, Worker)]

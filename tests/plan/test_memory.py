@@ -179,3 +179,26 @@ def test_the_margin_covers_the_resident_peaks_measured_against_the_plan_in_docs_
     for row in rows:
         with_process, resident = float(row[4]), float(row[5])
         assert with_process * (1 + MEMORY_MARGIN) >= resident, row[0]
+
+
+def test_a_tensor_parallel_rollout_line_is_one_shard_of_its_replica():
+    """Qwen2.5-0.5B in bf16, 2 GPUs a replica: each holds half the weights and one of the 2 KV heads;
+    the KV cache (sampler.vllm.kv_cache_gb) and the runtime are each rank's own."""
+    one = numbers(plan_lines("+experiment=gsm8k", "devices=multi_gpu_one_node")["rollout"])
+    two_line = plan_lines("+experiment=gsm8k", "devices=multi_gpu_one_node", "sampler.vllm.tensor_parallel_size=2")[
+        "rollout"]
+    two = numbers(two_line)
+    assert two[1] == pytest.approx(one[1] / 2, abs=0.01)  # weights
+    assert two[2:4] == one[2:4] == [4.00, 0.50]  # KV cache, runtime
+    assert two[-1] == pytest.approx(one[-1] / 2, abs=0.01)  # the KV a step needs, per shard
+    assert "one of a replica's 2 shards" in two_line
+
+
+def test_kv_heads_fewer_than_the_ranks_are_copied_not_split():
+    """8 query heads and 2 KV heads on 4 ranks: each rank keeps one whole KV head (vLLM copies them), as on 2."""
+    dims = Dims(hidden=512, layers=4, heads=8, kv_heads=2, head_dim=64, intermediate=1024, vocab=1000, tied=True)
+    needed = {k: memory_plan.rollout_line(compose(["+experiment=gsm8k", "devices=multi_gpu",
+                                                   f"sampler.vllm.tensor_parallel_size={k}"]), dims, None).note
+              for k in (1, 2, 4)}
+    per_shard = {k: numbers(note.split("need ")[1])[0] for k, note in needed.items()}
+    assert per_shard[4] == per_shard[2] == pytest.approx(per_shard[1] / 2, abs=0.01)

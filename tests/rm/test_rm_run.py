@@ -4,9 +4,8 @@ merged export, and bad input stopping with exit 2 before any model loads."""
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import re
 from pathlib import Path
 

@@ -108,6 +108,53 @@ def test_pool_larger_than_a_node_takes_whole_nodes_and_a_small_pool_never_stradd
     assert p.num_nodes == 3
 
 
+TP = ["sampler=vllm", "sampler.vllm.tensor_parallel_size=2"]
+
+
+def test_a_tensor_parallel_rollout_is_one_rank_per_replica_on_a_bundle_of_its_k_devices():
+    p = plan_placement(compose(["devices=multi_gpu", *TP]))
+    rollout = p.roles["rollout"]
+    assert (rollout.world_size, rollout.devices_per_rank, rollout.ranks) == (2, 2, ((1, 0), (1, 2)))
+    (pool,) = [pool for pool in p.pools if pool.name == "rollout"]
+    assert pool.bundles == (((1, 0), (1, 1)), ((1, 2), (1, 3)))
+    assert (p.num_devices, p.num_workers) == (12, 10)  # 4 devices, 2 replicas
+    assert placement.bundle_spec(detect("cuda"), pool.bundle_size) == {"GPU": 2.0, "CPU": 2.0}
+    assert placement.worker_resources(detect("cuda"), rollout.share, rollout.devices_per_rank) == {"GPU": 2.0,
+                                                                                                   "CPU": 2.0}
+    assert placement.bundle_spec(detect("cpu"), 2) == {"CPU": 2.0}  # a CPU replica: 2 slots, one per rank's process
+    assert [pool.bundle_size for pool in p.pools if pool.name != "rollout"] == [1, 1]
+
+
+def test_a_replica_never_straddles_two_nodes():
+    """3 devices a replica on nodes of 4: each node takes one replica and keeps a device free, where
+    device-by-device first fit would have split the second replica over two nodes."""
+    cfg = compose(["devices=multi_gpu", "devices.devices_per_node=4", "sampler=vllm",
+                   "sampler.vllm.tensor_parallel_size=3", "devices.rollout.num_devices=6"])
+    (pool,) = [pool for pool in plan_placement(cfg).pools if pool.name == "rollout"]
+    assert pool.per_node() == {2: [0, 1, 2], 3: [0, 1, 2]}  # nodes 0 and 1: actor and critic, 4 each
+    assert pool.strategy == "SPREAD" and all(len({node for node, _ in b}) == 1 for b in pool.bundles)
+
+
+def test_a_tensor_parallel_plan_fits_a_cluster_by_devices_and_cpus_per_node():
+    p = plan_placement(compose(["devices=multi_gpu_one_node", *TP]))  # 8 GPUs and 8 CPUs on one node
+    assert assign_nodes(p, detect("cuda"), [node("a", 8, 8, cpus=8)]) == {0: "a" * 8}
+    with pytest.raises(PlacementError, match="needs 8 logical CPUs"):
+        assign_nodes(p, detect("cuda"), [node("a", 8, 8, cpus=7)])
+
+
+def test_the_dry_run_says_how_many_rollout_replicas_of_how_many_devices():
+    lines = placement_lines(compose(["devices=multi_gpu_one_node", *TP]))
+    assert ("  rollout  2 GPUs (node 0: GPU 6-7); placement group STRICT_PACK, 1 bundle of {GPU: 2, CPU: 2}"
+            in lines)
+    assert ("    rollout: 1 replica x tensor parallel 2 (node 0: GPU 6-7); one Ray actor per replica, its "
+            "engine's 2 ranks in processes of their own") in lines
+    assert lines[-1].endswith("; 7 worker processes and 2 vLLM rank processes")
+    four = placement_lines(compose(["devices=multi_gpu", *TP]))
+    assert "    rollout: 2 replicas x tensor parallel 2 (node 1: GPU 0-1 | node 1: GPU 2-3)" in "\n".join(four)
+    one = placement_lines(compose(["devices=multi_gpu"]))
+    assert "    rollout: 4 replicas x tensor parallel 1 (node 1: GPU 0-3); one Ray actor per replica" in one
+
+
 def node(name: str, free: float, total: float, cpus: float = 16.0, resource: str = "GPU") -> ClusterNode:
     """A fake Ray node "aaaaaaaa" with `free` of `total` devices (and `cpus` CPUs unless the devices are CPUs)."""
     extra = {} if resource == "CPU" else {"CPU": cpus}

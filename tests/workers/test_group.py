@@ -12,7 +12,7 @@ import torch
 from ppo_trainer.engine.actor import ActorEngine
 from ppo_trainer.rollout import Sampler
 from ppo_trainer.rollout.base import prompts_to_batch
-from ppo_trainer.workers.group import LocalWorkers, WorkerGroup
+from ppo_trainer.workers.group import LocalWorkers, WorkerGroup, device_count
 from ppo_trainer.workers.pending import Pending, ran
 from ppo_trainer.workers.process_tuning import CPU_KERNEL_CACHE_CAPACITY, CPU_KERNEL_CACHE_VARS
 
@@ -52,6 +52,13 @@ def test_each_replica_samples_with_its_own_seed_and_one_replica_keeps_the_seed()
     again = Recording(4)
     WorkerGroup("rollout", again).run_split(Sampler.generate, prompts(8), 2, seed=1234)
     assert [args[-1] for args in again.calls] == seeds[4]  # deterministic
+
+
+def test_throughput_is_per_device_a_tensor_parallel_replica_counting_its_devices():
+    groups = {role: WorkerGroup(role, [None] * n) for role, n in (("actor", 4), ("critic", 2), ("rollout", 1))}
+    assert device_count(groups, colocate=False) == 7
+    assert device_count(groups, colocate=False, rollout_devices_per_replica=2) == 8
+    assert device_count(groups, colocate=True, rollout_devices_per_replica=2) == 4  # the actor's devices
 
 
 def test_a_submitted_split_gives_the_blocking_calls_rows_and_merges_them_at_result():

@@ -1,5 +1,6 @@
 """The Ray backend of `WorkerGroup`: one Ray actor per rank, in one placement group per pool
-(one bundle per device, pinned to the Ray node `fit_on_cluster` chose before anything is created).
+(one bundle per device, or per tensor-parallel rollout replica of k devices, pinned to the Ray node
+`fit_on_cluster` chose before anything is created).
 Before any model loads, every worker reports its node (`cluster.node_report`: versions, the output
 folder, the model) and the distributed roles join their process groups (`WorkerHost.join_group`)."""
 
@@ -116,8 +117,8 @@ class PlacementPool:
 
     def __init__(self, pool: Pool, kind: DeviceKind, node_ids: dict[int, str]):
         self.users = 0
-        bundles = [bundle_spec(kind) for _ in pool.slots]
-        selectors = [{"ray.io/node-id": node_ids[node]} for node, _ in pool.slots]
+        bundles = [bundle_spec(kind, pool.bundle_size) for _ in pool.bundles]
+        selectors = [{"ray.io/node-id": node_ids[slots[0][0]]} for slots in pool.bundles]
         self.pg = placement_group(bundles, strategy=pool.strategy, bundle_label_selector=selectors)
         if not self.pg.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
             self.remove()
@@ -224,7 +225,7 @@ def spawn_hosts(role: str, kind: DeviceKind, placement: RolePlacement, pool: Pla
                 concurrency: int = 1) -> list[Any]:
     """One `WorkerHost` actor per rank of `role`, rank r in bundle r of the pool, running up to
     `concurrency` calls at once (above 1: a threaded actor)."""
-    resources = worker_resources(kind, placement.share)  # Ray takes CPUs and GPUs as keywords, the rest apart
+    resources = worker_resources(kind, placement.share, placement.devices_per_rank)  # Ray: CPUs and GPUs apart
     options = {"num_cpus": resources.pop("CPU", 0.0), "num_gpus": resources.pop("GPU", 0.0), "resources": resources,
                "max_concurrency": concurrency}
     host = ray.remote(WorkerHost)

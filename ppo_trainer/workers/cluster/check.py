@@ -118,8 +118,9 @@ def check_nodes(cfg: DictConfig, folder: Path, token: str, check: Check) -> None
 
 
 def check_pools(cfg: DictConfig, kind: DeviceKind, check: Check) -> None:
-    """The plan's pools in their placement groups, one bare worker per device: each where the plan put
-    it, then a collective round trip over each pool's ranks."""
+    """The plan's pools in their placement groups, one bare worker per bundle (a device, or a
+    tensor-parallel rollout replica's devices): each where the plan put it, then a collective round
+    trip over each pool's ranks."""
     placement = plan_placement(cfg)
     try:
         node_ids = fit_on_cluster(placement, kind, cfg.devices.ray.address)
@@ -130,14 +131,15 @@ def check_pools(cfg: DictConfig, kind: DeviceKind, check: Check) -> None:
     try:
         for pool in placement.pools:
             name = f"{'/'.join(pool.roles)} pool"
-            groups[name] = RayWorkers(worker_config(cfg), name, kind, RolePlacement(pool.name, pool.slots, 1.0),
-                                      PlacementPool(pool, kind, node_ids))
-            for (plan_node, device), seen in zip(pool.slots, groups[name].on_hosts("its placement", "placed")):
-                where = f"plan node {plan_node} {kind.label} {device}"
+            k = pool.bundle_size
+            ranks = RolePlacement(pool.name, pool.slots[::k], 1.0, k)
+            groups[name] = RayWorkers(worker_config(cfg), name, kind, ranks, PlacementPool(pool, kind, node_ids))
+            for (plan_node, device), seen in zip(ranks.ranks, groups[name].on_hosts("its placement", "placed")):
+                where = f"plan node {plan_node} {kind.label} {device}" + (f"-{device + k - 1}" if k > 1 else "")
                 if seen["node_id"] != node_ids[plan_node]:
                     check.fail(f"{name}: {where} runs on Ray node {seen['node_id'][:8]}, not {node_ids[plan_node][:8]}")
-                elif kind.ray_resource != "CPU" and len(seen["device_ids"]) != 1:
-                    check.fail(f"{name}: {where} was given {kind.label}s {seen['device_ids']}, not one")
+                elif kind.ray_resource != "CPU" and len(seen["device_ids"]) != k:
+                    check.fail(f"{name}: {where} was given {kind.label}s {seen['device_ids']}, not {k}")
             per_node = {node_ids[n]: devices for n, devices in pool.per_node().items()}
             check.lines.append(f"{name}: " + "; ".join(f"{len(devices)} {kind.label}{'s' if len(devices) > 1 else ''} "
                                                        f"on Ray node {node[:8]}" for node, devices in per_node.items())

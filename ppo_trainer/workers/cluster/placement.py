@@ -35,12 +35,20 @@ class PlacementError(InputError):
 
 @dataclass(frozen=True)
 class Pool:
-    """Devices reserved together (one Ray placement group, one bundle per device);
-    `slots[b]` is the (plan node, local device index) of bundle b."""
+    """Devices reserved together (one Ray placement group, one bundle per `bundle_size` devices of one
+    node); `slots[d]` is the (plan node, local device index) of device d, bundle b holds devices
+    b * bundle_size .. (b + 1) * bundle_size - 1."""
 
     name: str  # the role for a separate pool, SHARED_POOL for colocated roles
     roles: tuple[str, ...]
     slots: tuple[tuple[int, int], ...]
+    bundle_size: int = 1  # sampler.vllm.tensor_parallel_size for the rollout's pool, else 1
+
+    @property
+    def bundles(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """The slots of each bundle (all on one node)."""
+        k = self.bundle_size
+        return tuple(self.slots[b : b + k] for b in range(0, len(self.slots), k))
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -58,12 +66,13 @@ class Pool:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """Rank r of a role occupies bundle r of pool `pool`, i.e. device `ranks[r]` = (plan node,
-    local device index), taking `share` of it."""
+    """Rank r of a role occupies bundle r of pool `pool`: `devices_per_rank` devices from `ranks[r]` =
+    (plan node, local device index of the first) on, taking `share` of each."""
 
     pool: str
     ranks: tuple[tuple[int, int], ...]
     share: float  # 1.0 for a separate pool; a fraction when colocated roles share the device
+    devices_per_rank: int = 1  # a tensor-parallel rollout replica's k devices
 
     @property
     def world_size(self) -> int:
@@ -92,12 +101,14 @@ class Placement:
         return sum(r.world_size for r in self.roles.values())
 
 
-def _first_fit(free: list[int], count: int, devices_per_node: int) -> list[tuple[int, int]]:
-    """Take `count` devices from plan nodes with `free[node]` devices left (grown as needed): whole
-    nodes (always fresh ones), then the remainder on the first node with room."""
-    whole, rest = divmod(count, devices_per_node)
+def _first_fit(free: list[int], count: int, devices_per_node: int, unit: int = 1) -> list[tuple[int, int]]:
+    """Take `count` devices (a multiple of `unit`) from plan nodes with `free[node]` devices left (grown
+    as needed), in blocks of `unit` that never straddle two nodes: as many whole blocks as a node holds
+    on each fresh node, then the remainder on the first node with room."""
+    per_node = devices_per_node // unit * unit
+    whole, rest = divmod(count, per_node)
     slots: list[tuple[int, int]] = []
-    for n in [devices_per_node] * whole + [rest] * (rest > 0):
+    for n in [per_node] * whole + [rest] * (rest > 0):
         node = next((i for i, f in enumerate(free) if f >= n), len(free))
         if node == len(free):  # a fresh node
             free.append(devices_per_node)
@@ -123,9 +134,10 @@ def plan_placement(cfg: DictConfig) -> Placement:
         pools: tuple[Pool, ...] = (Pool(SHARED_POOL, names, slots),)
         share = math.floor(100 / len(names)) / 100  # 1/n rounded down to 0.01, so the n roles fit in one device
         roles = {r: RolePlacement(SHARED_POOL, slots[: counts[r]], share) for r in names}
-    else:
-        pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node))) for r in names)
-        roles = {p.name: RolePlacement(p.name, p.slots, 1.0) for p in pools}
+    else:  # validation keeps tensor-parallel rollouts (k > 1) out of colocated plans
+        k = {r: int(cfg.sampler.vllm.tensor_parallel_size) if r == "rollout" else 1 for r in names}
+        pools = tuple(Pool(r, (r,), tuple(_first_fit(free, counts[r], per_node, k[r])), k[r]) for r in names)
+        roles = {p.name: RolePlacement(p.name, p.slots[:: p.bundle_size], 1.0, p.bundle_size) for p in pools}
     return Placement("ray", per_node, pools, roles)
 
 
@@ -145,14 +157,16 @@ def format_resources(resources: Mapping[str, float]) -> str:
     return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in resources.items()) + "}"
 
 
-def bundle_spec(kind: DeviceKind) -> dict[str, float]:
-    """One placement-group bundle: one device, plus one CPU to drive it."""
-    return {kind.ray_resource: 1.0} if kind.ray_resource == "CPU" else {kind.ray_resource: 1.0, "CPU": 1.0}
+def bundle_spec(kind: DeviceKind, devices: int = 1) -> dict[str, float]:
+    """One placement-group bundle: `devices` devices, plus one CPU to drive each (a tensor-parallel
+    engine runs a process per device). On CPUs a device is a CPU slot: a vLLM rank's process."""
+    k = float(devices)
+    return {kind.ray_resource: k} if kind.ray_resource == "CPU" else {kind.ray_resource: k, "CPU": k}
 
 
-def worker_resources(kind: DeviceKind, share: float) -> dict[str, float]:
-    """What one worker asks of its bundle: `share` of the device and of the bundle's CPU."""
-    return {name: amount * share for name, amount in bundle_spec(kind).items()}
+def worker_resources(kind: DeviceKind, share: float, devices: int = 1) -> dict[str, float]:
+    """What one worker asks of its bundle of `devices` devices: `share` of each device and CPU."""
+    return {name: amount * share for name, amount in bundle_spec(kind, devices).items()}
 
 
 def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
@@ -160,13 +174,14 @@ def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
     if placement.backend == "local":
         return [f"  {', '.join(placement.pools[0].roles)} share one {kind.torch_device_type} device in this process"]
     lines = []
-    spec = format_resources(bundle_spec(kind))
     for p in placement.pools:
-        n = len(p.slots)
+        n, b = len(p.slots), len(p.bundles)
         head = f"{'/'.join(p.roles)} pool" if len(p.roles) > 1 else f"{p.name:8s}"
         where = "; ".join(f"node {node}: {kind.label} {_ranges(d)}" for node, d in p.per_node().items())
         lines.append(f"  {head} {kind.count(n)} ({where}); placement group {p.strategy}, "
-                     f"{n} bundle{'s' if n > 1 else ''} of {spec}")
+                     f"{b} bundle{'s' if b > 1 else ''} of {format_resources(bundle_spec(kind, p.bundle_size))}")
+        if "rollout" in p.roles:
+            lines.append(replicas_line(placement.roles["rollout"], kind))
         for role in p.roles if len(p.roles) > 1 else ():
             r = placement.roles[role]
             share = format_resources(worker_resources(kind, r.share))
@@ -175,6 +190,20 @@ def describe_placement(placement: Placement, kind: DeviceKind) -> list[str]:
             lines.append(f"    {role:8s} {r.world_size} worker{'s' if r.world_size > 1 else ''}, rank i on "
                          f"bundle i (bundles {_ranges(range(r.world_size))}), each {share}{sleeps}")
     return lines
+
+
+def replicas_line(rollout: RolePlacement, kind: DeviceKind) -> str:
+    """The rollout's engines and their devices: "    rollout: 2 replicas x tensor parallel 2 (node 1: GPU
+    0-1 | node 1: GPU 2-3); ..." (one engine per device: the devices per node, as the pool's line)."""
+    k, n = rollout.devices_per_rank, rollout.world_size
+    if k == 1:
+        nodes = {node: [d for m, d in rollout.ranks if m == node] for node in dict.fromkeys(m for m, _ in rollout.ranks)}
+        devices = "; ".join(f"node {node}: {kind.label} {_ranges(d)}" for node, d in nodes.items())
+    else:
+        devices = " | ".join(f"node {node}: {kind.label} {first}-{first + k - 1}" for node, first in rollout.ranks)
+    ranks = (f"one Ray actor per replica, its engine's {k} ranks in processes of their own" if k > 1
+             else "one Ray actor per replica")
+    return f"    rollout: {n} replica{'s' if n > 1 else ''} x tensor parallel {k} ({devices}); {ranks}"
 
 
 @dataclass(frozen=True)
@@ -227,7 +256,7 @@ def check_fit(placement: Placement, kind: DeviceKind, nodes: Sequence[ClusterNod
     cpu_free = sum(n.free.get("CPU", 0.0) for n in nodes)
     if resource != "CPU" and placement.num_devices > cpu_free + 1e-9:
         raise PlacementError(
-            f"the plan needs {placement.num_devices} logical CPUs (one per {kind.label} bundle) but the cluster "
+            f"the plan needs {placement.num_devices} logical CPUs (one to drive each {kind.label}) but the cluster "
             f"has {cpu_free:g} free; declare more with devices.ray.num_cpus (local Ray) or ray start --num-cpus"
         )
 

@@ -182,3 +182,14 @@ def test_the_dry_runs_cluster_check_passes_on_a_healthy_cluster(ray_cluster, in_
                    and line.endswith("(gloo on lo (127.0.0.1))") for line in check), pool
     assert check[-1] == "cluster check passed: a run of this config can start here"
     assert not (in_tmp / "outputs").exists(), "the check writes nothing it leaves behind"
+
+
+def test_the_cluster_check_places_a_tensor_parallel_replica_as_one_worker_on_its_bundle(ray_cluster, in_tmp, capsys):
+    """2 CPU slots, k=2: one replica, one bundle of 2 on one node, one rank in the pool's round trip."""
+    code, lines, out = run_cli(capsys, *RUN, f"devices.ray.address={ray_cluster}", "trainer.dry_run=true",
+                               "sampler=vllm", "devices.rollout.num_devices=2", "sampler.vllm.tensor_parallel_size=2")
+    assert code == 0 and lines == [], lines
+    check = out[out.index("# cluster check"):].splitlines()
+    assert any(re.fullmatch(r"rollout pool: 2 CPU slots on Ray node \w{8}, as planned", line) for line in check), check
+    assert any(line.startswith("rollout pool: all_reduce over 1 rank in ") for line in check)
+    assert check[-1] == "cluster check passed: a run of this config can start here"
