@@ -102,9 +102,10 @@ def test_help_flags_describe_the_app(tmp_path, flag, expected):
     assert expected in result.stdout
     if flag == "--help":
         groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+        # rm_experiment is ppo-train-rm's (the two share configs/; ppo-train refuses its keys, exit 2)
         assert [line.split(":")[0] for line in groups.splitlines()[2:] if line] == [
-            "data", "devices", "experiment", "model", "sampler", "sweep"]
-        assert "experiment: calculator_cpu, digits, digits_reveal, gsm8k, gsm8k_cpu, smoke" in groups
+            "data", "devices", "experiment", "model", "rm_experiment", "sampler", "sweep"]
+        assert "experiment: calculator_cpu, digits, digits_reveal, gsm8k, gsm8k_cpu, rlhf_cpu, smoke" in groups
 
 
 def test_shell_completion_installs_and_completes_keys_and_options(tmp_path):

@@ -84,25 +84,25 @@ def loader(after: int = 0):
         yield records(step)
 
 
-def train(pipeline: RolloutPipeline, rollout: ScriptedRollout, steps: range) -> dict[int, Batch]:
-    """The trainer's use: take the step's rollout, train (here: a pause), push the new weights."""
+def train(pipeline: RolloutPipeline, rollout: ScriptedRollout, steps: range, train_s: float = 0.01) -> dict[int, Batch]:
+    """The trainer's use: take the step's rollout, train (here: a pause of `train_s`), push the new weights."""
     taken = {}
     for step in steps:
         got_records, batch = pipeline.take(step)
         assert [r.extra_info["step"] for r in got_records] == [step] * PROMPTS  # the loader's order
         rollout.log(f"train {step}")
-        time.sleep(0.01)
+        time.sleep(train_s)
         rollout.push(step)
         pipeline.push_done(step)
         taken[step] = batch
     return taken
 
 
-def run(k: int, steps: int = 6, delay_s: float = 0.05,
-        partial: bool = False) -> tuple[dict[int, Batch], ScriptedRollout]:
+def run(k: int, steps: int = 6, delay_s: float = 0.05, partial: bool = False,
+        train_s: float = 0.01) -> tuple[dict[int, Batch], ScriptedRollout]:
     rollout = ScriptedRollout(delay_s, partial)
     pipeline = RolloutPipeline(rollout, loader(), pad_id=0, n=N, seed=7, max_staleness=k, last_step=steps)
-    return train(pipeline, rollout, range(1, steps + 1)), rollout
+    return train(pipeline, rollout, range(1, steps + 1), train_s), rollout
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
@@ -123,7 +123,9 @@ def test_every_sample_records_the_weights_that_sampled_it_on_the_fixed_lag(k):
 def test_partial_rollouts_record_each_tokens_weights_never_staler_than_the_lag(k):
     """A push lands while the next generation runs (training here is shorter than a generation): the
     tokens after it are sampled with the new weights, and say so."""
-    taken, _ = run(k, steps=6, partial=True)
+    # a generation starts as the step before it is taken; 100 ms a token and 250 ms of training: the push
+    # lands between its second and third token, with 100 ms of slack either way on a busy machine
+    taken, _ = run(k, steps=6, delay_s=0.5, partial=True, train_s=0.25)
     cut = 0.0
     for step, batch in taken.items():
         versions = batch.token_version
