@@ -230,8 +230,9 @@ class VllmSampler:
         rng = random.Random(seed)
         setting = RowSampling(max_new_tokens or self.cfg.max_new_tokens, temperature or None)
         done = self._run(prompts, [sampling_params(self.cfg, n, rng.getrandbits(31), greedy, setting) for _ in prompts])
+        versions = None if done[0].versions is None else [c.versions for c in done]  # partial rollouts label them
         return assemble_rollout(batch, n, [c.token_ids for c in done], [c.logprobs for c in done],
-                                [not c.stopped for c in done], [c.text for c in done], self.pad_id)
+                                [not c.stopped for c in done], [c.text for c in done], self.pad_id, versions=versions)
 
     def complete(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], settings: Sequence[RowSampling],
                  greedy: bool = False) -> list[Completion]:

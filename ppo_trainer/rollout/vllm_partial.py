@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import random
 import threading
 from pathlib import Path
 from typing import Any, Awaitable, Optional, Sequence, TypeVar
@@ -34,18 +33,17 @@ from typing import Any, Awaitable, Optional, Sequence, TypeVar
 import safetensors.torch
 import torch
 
-from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import SamplerConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.models.export import safetensors_ready
-from ppo_trainer.rollout.base import Completion, RowSampling, assemble_rollout, prompt_token_lists
+from ppo_trainer.rollout.base import Completion
 from ppo_trainer.rollout.vllm import (
+    VllmSampler,
     check_vllm_available,
     completion,
     engine_kwargs,
     generation_eos_ids,
     samples_in_order,
-    sampling_params,
     starting_environment,
 )
 
@@ -64,9 +62,10 @@ def span_versions(spans: Optional[Sequence[Any]], length: int) -> list[int]:
     return [int(s.version) for s in spans for _ in range(s.start, s.end)]
 
 
-class PartialVllmSampler:
-    """One `AsyncLLM` engine on HF folder `model_dir` (a `PartialSampler`): `generate` and `complete` as
-    `VllmSampler`'s, each token labelled with its policy version. `generate` may run on several threads at
+class PartialVllmSampler(VllmSampler):
+    """One `AsyncLLM` engine on HF folder `model_dir` (a `PartialSampler`): `VllmSampler`'s `generate` and
+    `complete` over its own `_run` (its own engine: `VllmSampler.__init__` is not called), each token
+    labelled with its policy version. `generate` may run on several threads at
     once and beside a weight push. It never sleeps: partial rollouts need sampler.max_staleness >= 1,
     whose engines stay awake (docs/async.md)."""
 
@@ -129,23 +128,6 @@ class PartialVllmSampler:
         self._wait(self.llm.reset_prefix_cache(reset_running_requests=True))
         self._wait(self.llm.resume_generation())
         self._paused = False
-
-    def generate(self, batch: Batch, n: int, seed: int, greedy: bool = False,
-                 max_new_tokens: Optional[int] = None, temperature: Optional[float] = None) -> Batch:
-        """`VllmSampler.generate` (per-prompt request seeds drawn from `seed`), with `token_version`."""
-        prompts = prompt_token_lists(batch)
-        rng = random.Random(seed)
-        setting = RowSampling(max_new_tokens or self.cfg.max_new_tokens, temperature or None)
-        done = self._run(prompts, [sampling_params(self.cfg, n, rng.getrandbits(31), greedy, setting) for _ in prompts])
-        return assemble_rollout(batch, n, [c.token_ids for c in done], [c.logprobs for c in done],
-                                [not c.stopped for c in done], [c.text for c in done], self.pad_id,
-                                versions=[c.versions for c in done])
-
-    def complete(self, contexts: Sequence[Sequence[int]], seeds: Sequence[int], settings: Sequence[RowSampling],
-                 greedy: bool = False) -> list[Completion]:
-        """`ContinuingSampler.complete` (tool-calling turns), each `Completion` with its tokens' versions."""
-        params = [sampling_params(self.cfg, 1, seed, greedy, setting) for seed, setting in zip(seeds, settings)]
-        return self._run([list(c) for c in contexts], params)
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Completion]:
         """The samples of every request, request by request, each request's in sample order."""
