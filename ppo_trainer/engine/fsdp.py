@@ -3,6 +3,7 @@ rank, each rank its share of each mini-batch (`Batch.deal`); `forward_rows` take
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -24,7 +25,7 @@ from ppo_trainer.batch import Batch
 from ppo_trainer.config.schema import OptimConfig
 from ppo_trainer.dtypes import compute_dtype, resolve_dtype
 from ppo_trainer.engine.distributed import all_reduce_sum, barrier, device_mesh, rank, resolve_device, world_size
-from ppo_trainer.engine.microbatch import LossFn, MicroBatch, accumulate_gradients, global_counts, plan_micro_batches
+from ppo_trainer.engine.microbatch import LossFn, accumulate_gradients, global_counts, plan_micro_batches
 from ppo_trainer.engine.optim import apply_hyperparameters, build_optimizer, build_scheduler
 from ppo_trainer.models.packing import Layout
 
@@ -138,8 +139,7 @@ class FSDPEngine:
                              "algorithm.ppo_mini_batch_size or use fewer devices)")
         local = mini_batch.select(mini_batch.deal(self.world_size)[self.rank])
         counts = global_counts(local)
-        micro = [MicroBatch(m.batch.to(self.device), m.rows, m.dummy, m.tokens, m.padding)
-                 for m in plan_micro_batches(local, budget, self.layout)]
+        micro = [dataclasses.replace(m, batch=m.batch.to(self.device)) for m in plan_micro_batches(local, budget, self.layout)]
         stats = accumulate_gradients(micro, loss_fn, counts)
         padding, tokens = all_reduce_sum([float(sum(m.padding for m in micro if not m.dummy)),
                                           float(sum(m.tokens for m in micro if not m.dummy))]).tolist()

@@ -110,8 +110,8 @@ def plan_micro_batches(batch: Batch, budget: int, layout: Layout = Layout()) -> 
         groups.remove(largest)
         half = len(largest) // 2
         groups += [largest[:half], largest[half:]]
-    micro = [MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows), padding=cost(rows) - needed(rows),
-                        tokens=cost(rows)) for rows in groups]
+    micro = [MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows), tokens=tokens, padding=tokens - needed(rows))
+             for rows, tokens in ((rows, cost(rows)) for rows in groups)]
     while len(micro) < target:
         rows = groups[0][:1]
         micro.append(MicroBatch(batch.select(rows).trim_padding(), torch.tensor(rows), dummy=True))
